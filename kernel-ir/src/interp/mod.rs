@@ -1,0 +1,457 @@
+//! The reference interpreter: the semantics of the IR, bounds-checked.
+//!
+//! The grid runs in row-major order. Its leading `parallel` axes are split across
+//! worker threads; everything from the first `arbitrary` axis on runs in order on one
+//! worker, whose scratch buffers persist across those programs (as on one TPU core).
+//! Every load and store is checked against the block extent and the array bounds; a
+//! fault names the program id, the op and the ref.
+
+mod eval;
+mod window;
+
+use std::fmt;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use crate::array::{Array, ArrayData};
+use crate::ir::{DimSemantics, Kernel, Op, OpKind, RefId, RefKind, Region, Value};
+use crate::print::Namer;
+use crate::verify::{check_block_in_bounds, unflatten, verify};
+
+/// How to run a kernel.
+#[derive(Clone, Debug)]
+pub struct InterpretOptions {
+    /// Fill scratch buffers and outputs with NaN (i32::MIN, false) before running, so
+    /// reads of never-written data show up in the results.
+    pub poison_uninitialized: bool,
+    /// Worker threads for the parallel grid axes; 0 means one per core.
+    pub threads: usize,
+}
+
+impl Default for InterpretOptions {
+    fn default() -> Self {
+        InterpretOptions {
+            poison_uninitialized: false,
+            threads: 0,
+        }
+    }
+}
+
+/// Why a kernel could not be run to completion.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RunError {
+    /// The kernel failed verification.
+    Invalid(crate::verify::VerifyError),
+    /// An argument does not match the kernel's signature.
+    BadArgument {
+        /// Position of the input.
+        index: usize,
+        /// What is wrong.
+        message: String,
+    },
+    /// A program faulted.
+    Fault {
+        /// Program ids of the faulting program.
+        program: Vec<u64>,
+        /// The op, as printed.
+        op: String,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+impl fmt::Display for RunError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RunError::Invalid(e) => e.fmt(f),
+            RunError::BadArgument { index, message } => write!(f, "input {index}: {message}"),
+            RunError::Fault {
+                program,
+                op,
+                message,
+            } => write!(f, "program {program:?} faulted at `{op}`: {message}"),
+        }
+    }
+}
+
+impl std::error::Error for RunError {}
+
+/// A fault inside one program, before it is tagged with the program id.
+struct Fault<'k> {
+    op: &'k Op,
+    message: String,
+}
+
+/// Runs `kernel` on `inputs` and returns its outputs.
+pub fn interpret(
+    kernel: &Kernel,
+    inputs: &[Array],
+    options: &InterpretOptions,
+) -> Result<Vec<Array>, RunError> {
+    verify(kernel).map_err(RunError::Invalid)?;
+    let expected = kernel.input_types();
+    if inputs.len() != expected.len() {
+        return Err(RunError::BadArgument {
+            index: inputs.len().min(expected.len()),
+            message: format!(
+                "kernel @{} takes {} inputs, {} were given",
+                kernel.name,
+                expected.len(),
+                inputs.len()
+            ),
+        });
+    }
+    for (index, (a, t)) in inputs.iter().zip(&expected).enumerate() {
+        if a.ty() != t {
+            let name = &kernel.refs[index].name;
+            return Err(RunError::BadArgument {
+                index,
+                message: format!("%{name} expects {t}, got {}", a.ty()),
+            });
+        }
+    }
+    let fill = |ty: &crate::types::TensorType| {
+        if options.poison_uninitialized {
+            Array::filled(ty.clone(), f64::NAN)
+        } else {
+            Array::zeros(ty.clone())
+        }
+    };
+    let outputs: Vec<Mutex<Array>> = kernel
+        .refs_of(RefKind::Output)
+        .map(|(_, r)| Mutex::new(fill(&r.ty)))
+        .collect();
+
+    let parallel_prefix = kernel
+        .dimension_semantics
+        .iter()
+        .take_while(|s| **s == DimSemantics::Parallel)
+        .count();
+    let outer: u64 = kernel.grid[..parallel_prefix].iter().product();
+    let inner: u64 = kernel.grid[parallel_prefix..].iter().product();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = if options.threads == 0 { cores } else { options.threads };
+    let threads = threads.min(outer as usize).max(1);
+
+    let next = AtomicU64::new(0);
+    let failed = AtomicBool::new(false);
+    let first_fault: Mutex<Option<(u64, RunError)>> = Mutex::new(None);
+    let namer = std::sync::OnceLock::new();
+    let worker = || {
+        let mut scratch: Vec<Array> = kernel
+            .refs_of(RefKind::Scratch)
+            .map(|(_, r)| fill(&r.ty))
+            .collect();
+        loop {
+            let o = next.fetch_add(1, Ordering::Relaxed);
+            if o >= outer || failed.load(Ordering::Relaxed) {
+                return;
+            }
+            for i in 0..inner {
+                let flat = o * inner + i;
+                let pids = unflatten(flat, &kernel.grid);
+                if let Err(e) = run_program(kernel, &pids, inputs, &outputs, &mut scratch) {
+                    let e = match e {
+                        ProgramError::Fault(f) => RunError::Fault {
+                            program: pids,
+                            op: namer.get_or_init(|| Namer::new(kernel)).op_header(kernel, f.op),
+                            message: f.message,
+                        },
+                        ProgramError::Run(e) => e,
+                    };
+                    let mut slot = first_fault.lock().unwrap_or_else(|p| p.into_inner());
+                    if slot.as_ref().is_none_or(|(f, _)| flat < *f) {
+                        *slot = Some((flat, e));
+                    }
+                    failed.store(true, Ordering::Relaxed);
+                    return;
+                }
+            }
+        }
+    };
+    if threads == 1 {
+        worker();
+    } else {
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(worker);
+            }
+        });
+    }
+    if let Some((_, e)) = first_fault.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(e);
+    }
+    Ok(outputs
+        .into_iter()
+        .map(|m| m.into_inner().unwrap_or_else(|p| p.into_inner()))
+        .collect())
+}
+
+enum ProgramError<'k> {
+    Fault(Fault<'k>),
+    Run(RunError),
+}
+
+/// The state of one program: its block positions and the values computed so far.
+struct Program<'k, 'a> {
+    kernel: &'k Kernel,
+    pids: &'a [u64],
+    inputs: &'a [Array],
+    outputs: &'a [Mutex<Array>],
+    scratch: &'a mut [Array],
+    /// Where each input/output block starts, per array dim.
+    block_starts: Vec<Vec<u64>>,
+    env: Vec<Option<Rc<Array>>>,
+}
+
+fn run_program<'k>(
+    kernel: &'k Kernel,
+    pids: &[u64],
+    inputs: &[Array],
+    outputs: &[Mutex<Array>],
+    scratch: &mut [Array],
+) -> Result<(), ProgramError<'k>> {
+    let mut block_starts = Vec::new();
+    for r in &kernel.refs {
+        if let Some(spec) = &r.block {
+            let what = format!("{} %{}", r.kind.keyword(), r.name);
+            let starts = check_block_in_bounds(&what, &r.ty.shape, spec, pids).map_err(|e| {
+                ProgramError::Run(RunError::Fault {
+                    program: pids.to_vec(),
+                    op: e.op,
+                    message: e.message,
+                })
+            })?;
+            block_starts.push(starts);
+        }
+    }
+    let mut program = Program {
+        kernel,
+        pids,
+        inputs,
+        outputs,
+        scratch,
+        block_starts,
+        env: vec![None; kernel.value_types.len()],
+    };
+    program.region(&kernel.body).map(|_| ()).map_err(ProgramError::Fault)
+}
+
+impl<'k> Program<'k, '_> {
+    fn get(&self, v: Value) -> Rc<Array> {
+        self.env[v.0 as usize]
+            .clone()
+            .expect("the verifier checks values are defined before use")
+    }
+
+    fn set(&mut self, v: Value, a: Array) {
+        self.env[v.0 as usize] = Some(Rc::new(a));
+    }
+
+    fn scalar_i64(&self, v: Value) -> i64 {
+        match self.get(v).data() {
+            ArrayData::Int(x) => i64::from(x[0]),
+            _ => unreachable!("the verifier checks index values are i32"),
+        }
+    }
+
+    /// Runs a region's ops; returns the yielded values (empty for the body).
+    fn region(&mut self, region: &'k Region) -> Result<Vec<Rc<Array>>, Fault<'k>> {
+        for op in &region.ops {
+            if let OpKind::Yield { values } = &op.kind {
+                return Ok(values.iter().map(|&v| self.get(v)).collect());
+            }
+            self.op(op)?;
+        }
+        Ok(vec![])
+    }
+
+    fn op(&mut self, op: &'k Op) -> Result<(), Fault<'k>> {
+        let fault = |message: String| Fault { op, message };
+        let result_ty = || self.kernel.type_of(op.results[0]);
+        let value = match &op.kind {
+            OpKind::ProgramId { axis } => {
+                Array::filled(result_ty().clone(), self.pids[*axis] as f64)
+            }
+            OpKind::NumPrograms { axis } => {
+                Array::filled(result_ty().clone(), self.kernel.grid[*axis] as f64)
+            }
+            OpKind::Constant { value } => eval::constant(*value, result_ty()),
+            OpKind::Iota { dim } => eval::iota(result_ty(), *dim),
+            OpKind::Load {
+                src,
+                index,
+                mask,
+                other,
+            } => self.load(*src, index, *mask, *other).map_err(fault)?,
+            OpKind::Store {
+                dst,
+                index,
+                value,
+                mask,
+            } => {
+                self.store(*dst, index, *value, *mask).map_err(fault)?;
+                return Ok(());
+            }
+            OpKind::Broadcast { x, dims } => eval::broadcast(&self.get(*x), dims, result_ty()),
+            OpKind::Reshape { x } => eval::reshape(&self.get(*x), result_ty()),
+            OpKind::Transpose { x, perm } => eval::transpose(&self.get(*x), perm),
+            OpKind::Unary { op: u, x } => eval::unary(*u, &self.get(*x)),
+            OpKind::Binary { op: b, lhs, rhs } => {
+                eval::binary(*b, &self.get(*lhs), &self.get(*rhs)).map_err(fault)?
+            }
+            OpKind::Compare { pred, lhs, rhs } => {
+                eval::compare(*pred, &self.get(*lhs), &self.get(*rhs))
+            }
+            OpKind::Select {
+                cond,
+                on_true,
+                on_false,
+            } => eval::select(&self.get(*cond), &self.get(*on_true), &self.get(*on_false)),
+            OpKind::Cast { x } => eval::cast(&self.get(*x), result_ty().dtype),
+            OpKind::Reduce { op: r, x, axes } => eval::reduce(*r, &self.get(*x), axes),
+            OpKind::Dot {
+                lhs,
+                rhs,
+                transpose_lhs,
+                transpose_rhs,
+            } => eval::dot(&self.get(*lhs), &self.get(*rhs), *transpose_lhs, *transpose_rhs),
+            OpKind::For {
+                lower,
+                upper,
+                step,
+                inits,
+                body,
+            } => {
+                let (lo, hi, st) = (
+                    self.scalar_i64(*lower),
+                    self.scalar_i64(*upper),
+                    self.scalar_i64(*step),
+                );
+                if st <= 0 {
+                    return Err(fault(format!("loop step is {st}, expected a positive step")));
+                }
+                let mut carried: Vec<Rc<Array>> = inits.iter().map(|&v| self.get(v)).collect();
+                let mut i = lo;
+                while i < hi {
+                    self.set(body.args[0], Array::filled(crate::types::TensorType::scalar(crate::types::DType::I32), i as f64));
+                    for (&arg, val) in body.args[1..].iter().zip(carried) {
+                        self.env[arg.0 as usize] = Some(val);
+                    }
+                    carried = self.region(body)?;
+                    i += st;
+                }
+                for (&r, val) in op.results.iter().zip(carried) {
+                    self.env[r.0 as usize] = Some(val);
+                }
+                return Ok(());
+            }
+            OpKind::If {
+                cond,
+                then_region,
+                else_region,
+            } => {
+                let taken = match self.get(*cond).data() {
+                    ArrayData::Bool(b) => b[0],
+                    _ => unreachable!("the verifier checks the condition is bool"),
+                };
+                let values = self.region(if taken { then_region } else { else_region })?;
+                for (&r, val) in op.results.iter().zip(values) {
+                    self.env[r.0 as usize] = Some(val);
+                }
+                return Ok(());
+            }
+            OpKind::Yield { .. } => unreachable!("handled by region()"),
+        };
+        self.set(op.results[0], value);
+        Ok(())
+    }
+
+    /// The array behind a ref, with where this program's block starts in it.
+    fn locate(&self, r: RefId) -> (usize, RefKind, Vec<u64>) {
+        let decl = self.kernel.ref_decl(r);
+        let n_in = self.inputs.len();
+        let n_out = self.outputs.len();
+        let i = r.0 as usize;
+        match decl.kind {
+            RefKind::Input => (i, decl.kind, self.block_starts[i].clone()),
+            RefKind::Output => (i - n_in, decl.kind, self.block_starts[i].clone()),
+            RefKind::Scratch => (i - n_in - n_out, decl.kind, vec![0; decl.ty.rank()]),
+        }
+    }
+
+    fn load(
+        &self,
+        src: RefId,
+        index: &[crate::ir::Index],
+        mask: Option<Value>,
+        other: Option<Value>,
+    ) -> Result<Array, String> {
+        let decl = self.kernel.ref_decl(src);
+        let (slot, kind, starts) = self.locate(src);
+        let dims = window::resolve(decl, &starts, index, |v| self.scalar_i64(v))
+            .map_err(|e| format!("load of %{}: {e}", decl.name))?;
+        let mask = mask.map(|m| self.get(m));
+        let mask_bits = mask.as_deref().map(bools);
+        let other = other.map(|o| self.get(o));
+        let other_data = other.as_deref().map(Array::data);
+        let read = |a: &Array| window::load(a.data(), a.shape(), &dims, mask_bits, other_data);
+        let data = match kind {
+            RefKind::Input => read(&self.inputs[slot]),
+            RefKind::Output => read(&self.outputs[slot].lock().unwrap_or_else(|p| p.into_inner())),
+            RefKind::Scratch => read(&self.scratch[slot]),
+        }
+        .map_err(|oob| out_of_bounds("load from", decl, &oob.coords))?;
+        let ty = self.window_type(decl, &dims);
+        Ok(Array::from_parts(ty, data))
+    }
+
+    fn store(
+        &mut self,
+        dst: RefId,
+        index: &[crate::ir::Index],
+        value: Value,
+        mask: Option<Value>,
+    ) -> Result<(), String> {
+        let decl = self.kernel.ref_decl(dst);
+        let (slot, kind, starts) = self.locate(dst);
+        let dims = window::resolve(decl, &starts, index, |v| self.scalar_i64(v))
+            .map_err(|e| format!("store to %{}: {e}", decl.name))?;
+        let value = self.get(value);
+        let mask = mask.map(|m| self.get(m));
+        let mask_bits = mask.as_deref().map(bools);
+        let write = |a: &mut Array| {
+            let shape = a.shape().to_vec();
+            window::store(a.data_mut(), &shape, &dims, value.data(), mask_bits)
+        };
+        match kind {
+            RefKind::Output => write(&mut self.outputs[slot].lock().unwrap_or_else(|p| p.into_inner())),
+            RefKind::Scratch => write(&mut self.scratch[slot]),
+            RefKind::Input => unreachable!("the verifier rejects stores to inputs"),
+        }
+        .map_err(|oob| out_of_bounds("store to", decl, &oob.coords))
+    }
+
+    fn window_type(&self, decl: &crate::ir::RefDecl, dims: &[window::DimAccess]) -> crate::types::TensorType {
+        crate::types::TensorType::new(
+            decl.ty.dtype,
+            dims.iter().filter(|d| d.keep).map(|d| d.count).collect::<Vec<_>>(),
+        )
+    }
+}
+
+fn bools(a: &Array) -> &[bool] {
+    match a.data() {
+        ArrayData::Bool(b) => b,
+        _ => unreachable!("the verifier checks masks are bool"),
+    }
+}
+
+fn out_of_bounds(what: &str, decl: &crate::ir::RefDecl, coords: &[u64]) -> String {
+    format!(
+        "out-of-bounds {what} %{}: element {coords:?} is outside the array of shape {:?} \
+         (mask the lane or shrink the window)",
+        decl.name, decl.ty.shape
+    )
+}

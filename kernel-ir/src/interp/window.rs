@@ -1,0 +1,246 @@
+//! Addressing a window of a ref: which array elements a load or store touches, with
+//! bounds checks against the block extent and the array.
+
+use crate::array::ArrayData;
+use crate::ir::{BlockDim, Index, RefDecl, Start};
+use crate::types::row_major_strides;
+
+/// The part of one array dimension a window covers.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct DimAccess {
+    /// Array coordinate of the first element.
+    pub start: u64,
+    /// Number of elements.
+    pub count: u64,
+    /// Whether the dimension stays in the loaded value (not squeezed or indexed).
+    pub keep: bool,
+}
+
+/// Resolves a load/store index into per-array-dim accesses. `block_start` is where the
+/// program's block begins (all zeros for scratch); `scalar` reads an i32 index value.
+pub(super) fn resolve(
+    decl: &RefDecl,
+    block_start: &[u64],
+    index: &[Index],
+    mut scalar: impl FnMut(crate::ir::Value) -> i64,
+) -> Result<Vec<DimAccess>, String> {
+    let block_dims: Vec<BlockDim> = match &decl.block {
+        Some(spec) => spec.block_shape.clone(),
+        None => decl.ty.shape.iter().map(|&n| BlockDim::Size(n)).collect(),
+    };
+    let mut out = Vec::with_capacity(block_dims.len());
+    let mut kernel_dim = 0;
+    for (dim, bd) in block_dims.iter().enumerate() {
+        let base = block_start[dim];
+        let extent = match bd {
+            BlockDim::Squeezed => {
+                out.push(DimAccess {
+                    start: base,
+                    count: 1,
+                    keep: false,
+                });
+                continue;
+            }
+            BlockDim::Size(n) => *n,
+        };
+        let access = match index[kernel_dim] {
+            Index::Full => DimAccess {
+                start: base,
+                count: extent,
+                keep: true,
+            },
+            Index::At(v) => {
+                let i = scalar(v);
+                if i < 0 || i as u64 >= extent {
+                    return Err(format!(
+                        "index {i} of dim {kernel_dim} is outside the block extent {extent}"
+                    ));
+                }
+                DimAccess {
+                    start: base + i as u64,
+                    count: 1,
+                    keep: false,
+                }
+            }
+            Index::Slice { start, size } => {
+                let s = match start {
+                    Start::Static(s) => s as i64,
+                    Start::Dynamic(v) => scalar(v),
+                };
+                if s < 0 || s as u64 + size > extent {
+                    return Err(format!(
+                        "slice [{s}, {}) of dim {kernel_dim} is outside the block extent {extent}",
+                        s + size as i64
+                    ));
+                }
+                DimAccess {
+                    start: base + s as u64,
+                    count: size,
+                    keep: true,
+                }
+            }
+        };
+        kernel_dim += 1;
+        out.push(access);
+    }
+    Ok(out)
+}
+
+/// A lane that must be accessed but lies outside the array.
+pub(super) struct OutOfBounds {
+    pub coords: Vec<u64>,
+}
+
+/// Calls `f(window_offset, array_offset, in_bounds, count)` for each contiguous run of
+/// the window along the last array dim; the first `in_bounds` elements of the run exist
+/// in the array. Returns the number of window elements.
+fn for_each_run(
+    dims: &[DimAccess],
+    shape: &[u64],
+    mut f: impl FnMut(usize, usize, usize, usize) -> Result<(), OutOfBounds>,
+) -> Result<usize, OutOfBounds> {
+    if dims.is_empty() {
+        f(0, 0, 1, 1)?;
+        return Ok(1);
+    }
+    let strides = row_major_strides(shape);
+    let last = dims.len() - 1;
+    let count = dims[last].count as usize;
+    let in_bounds_last = shape[last].saturating_sub(dims[last].start).min(dims[last].count) as usize;
+    let mut idx = vec![0u64; last];
+    let mut window_off = 0;
+    loop {
+        let mut array_off = dims[last].start as usize;
+        let mut outer_ok = true;
+        for d in 0..last {
+            let c = dims[d].start + idx[d];
+            outer_ok &= c < shape[d];
+            array_off += (c * strides[d]) as usize;
+        }
+        let in_bounds = if outer_ok { in_bounds_last } else { 0 };
+        f(window_off, array_off, in_bounds, count).map_err(|mut e| {
+            // f reports the lane in `coords[0]`; expand it to full array coordinates.
+            let lane = e.coords[0];
+            e.coords = (0..last).map(|d| dims[d].start + idx[d]).collect();
+            e.coords.push(dims[last].start + lane);
+            e
+        })?;
+        window_off += count;
+        let mut d = last;
+        loop {
+            if d == 0 {
+                return Ok(window_off);
+            }
+            d -= 1;
+            idx[d] += 1;
+            if idx[d] < dims[d].count {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
+fn gather<T: Copy>(
+    src: &[T],
+    dims: &[DimAccess],
+    shape: &[u64],
+    len: usize,
+    mask: Option<&[bool]>,
+    other: T,
+) -> Result<Vec<T>, OutOfBounds> {
+    let mut out = Vec::with_capacity(len);
+    for_each_run(dims, shape, |w, a, in_bounds, count| {
+        match mask {
+            None if in_bounds == count => out.extend_from_slice(&src[a..a + count]),
+            None => return Err(OutOfBounds { coords: vec![in_bounds as u64] }),
+            Some(m) => {
+                for j in 0..count {
+                    if !m[w + j] {
+                        out.push(other);
+                    } else if j < in_bounds {
+                        out.push(src[a + j]);
+                    } else {
+                        return Err(OutOfBounds { coords: vec![j as u64] });
+                    }
+                }
+            }
+        }
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+fn scatter<T: Copy>(
+    dst: &mut [T],
+    dims: &[DimAccess],
+    shape: &[u64],
+    values: &[T],
+    mask: Option<&[bool]>,
+) -> Result<(), OutOfBounds> {
+    for_each_run(dims, shape, |w, a, in_bounds, count| {
+        match mask {
+            None if in_bounds == count => dst[a..a + count].copy_from_slice(&values[w..w + count]),
+            None => return Err(OutOfBounds { coords: vec![in_bounds as u64] }),
+            Some(m) => {
+                for j in 0..count {
+                    if m[w + j] {
+                        if j >= in_bounds {
+                            return Err(OutOfBounds { coords: vec![j as u64] });
+                        }
+                        dst[a + j] = values[w + j];
+                    }
+                }
+            }
+        }
+        Ok(())
+    })
+    .map(|_| ())
+}
+
+/// Reads a window; masked-off lanes read `other` (a one-element storage, or zero).
+pub(super) fn load(
+    src: &ArrayData,
+    shape: &[u64],
+    dims: &[DimAccess],
+    mask: Option<&[bool]>,
+    other: Option<&ArrayData>,
+) -> Result<ArrayData, OutOfBounds> {
+    let len: usize = dims.iter().map(|d| d.count as usize).product();
+    Ok(match src {
+        ArrayData::Float(v) => {
+            let o = match other {
+                Some(ArrayData::Float(o)) => o[0],
+                _ => 0.0,
+            };
+            ArrayData::Float(gather(v, dims, shape, len, mask, o)?)
+        }
+        ArrayData::Int(v) => {
+            let o = match other {
+                Some(ArrayData::Int(o)) => o[0],
+                _ => 0,
+            };
+            ArrayData::Int(gather(v, dims, shape, len, mask, o)?)
+        }
+        ArrayData::Bool(v) => {
+            let o = matches!(other, Some(ArrayData::Bool(o)) if o[0]);
+            ArrayData::Bool(gather(v, dims, shape, len, mask, o)?)
+        }
+    })
+}
+
+/// Writes a window; masked-off lanes are left untouched.
+pub(super) fn store(
+    dst: &mut ArrayData,
+    shape: &[u64],
+    dims: &[DimAccess],
+    values: &ArrayData,
+    mask: Option<&[bool]>,
+) -> Result<(), OutOfBounds> {
+    match (dst, values) {
+        (ArrayData::Float(d), ArrayData::Float(v)) => scatter(d, dims, shape, v, mask),
+        (ArrayData::Int(d), ArrayData::Int(v)) => scatter(d, dims, shape, v, mask),
+        (ArrayData::Bool(d), ArrayData::Bool(v)) => scatter(d, dims, shape, v, mask),
+        _ => unreachable!("the verifier checks that stored values match the ref dtype"),
+    }
+}

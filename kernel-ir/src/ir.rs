@@ -1,0 +1,718 @@
+//! The block-level IR: a kernel is a grid, refs with BlockSpecs, and an SSA body.
+//!
+//! The vocabulary follows JAX Pallas: the grid is iterated in row-major order, each
+//! iteration ("program") sees one block of every input and output through a *ref*
+//! whose position is chosen by the operand's index map, and scratch buffers persist
+//! across the iterations one core runs.
+
+use crate::types::{DType, TensorType};
+
+/// An SSA value; its type lives in [`Kernel::value_types`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Value(pub u32);
+
+/// A ref: an input, output or scratch buffer, by position in [`Kernel::refs`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RefId(pub u32);
+
+/// Whether a grid dimension's iterations are independent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DimSemantics {
+    /// Iterations are independent and may run on different cores.
+    Parallel,
+    /// Iterations run in order on one core (reductions, accumulators in scratch).
+    Arbitrary,
+}
+
+impl DimSemantics {
+    /// Text-form name.
+    pub fn name(self) -> &'static str {
+        match self {
+            DimSemantics::Parallel => "parallel",
+            DimSemantics::Arbitrary => "arbitrary",
+        }
+    }
+}
+
+/// Where a ref's block lives on the accelerator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MemorySpace {
+    /// Vector memory (the default for blocks and scratch).
+    Vmem,
+    /// Scalar memory.
+    Smem,
+    /// Left in HBM / main memory, no blocking copy.
+    Any,
+}
+
+impl MemorySpace {
+    /// Text-form name.
+    pub fn name(self) -> &'static str {
+        match self {
+            MemorySpace::Vmem => "vmem",
+            MemorySpace::Smem => "smem",
+            MemorySpace::Any => "any",
+        }
+    }
+}
+
+/// One dimension of a block shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BlockDim {
+    /// A block of this many elements; block index `b` starts at element `b * n`.
+    Size(u64),
+    /// Size one and removed from the kernel's view of the ref (Pallas `None`).
+    Squeezed,
+}
+
+impl BlockDim {
+    /// Elements covered along this dimension.
+    pub fn extent(self) -> u64 {
+        match self {
+            BlockDim::Size(n) => n,
+            BlockDim::Squeezed => 1,
+        }
+    }
+}
+
+/// Binary operators allowed in index maps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum IndexBinOp {
+    /// `a + b`
+    Add,
+    /// `a - b`
+    Sub,
+    /// `a * b`
+    Mul,
+    /// Floor division.
+    FloorDiv,
+    /// Remainder with the sign of the divisor.
+    Rem,
+    /// `min(a, b)`
+    Min,
+    /// `max(a, b)`
+    Max,
+}
+
+impl IndexBinOp {
+    /// Text-form name.
+    pub fn name(self) -> &'static str {
+        match self {
+            IndexBinOp::Add => "+",
+            IndexBinOp::Sub => "-",
+            IndexBinOp::Mul => "*",
+            IndexBinOp::FloorDiv => "floordiv",
+            IndexBinOp::Rem => "mod",
+            IndexBinOp::Min => "min",
+            IndexBinOp::Max => "max",
+        }
+    }
+
+    /// Applies the operator; `None` on division by zero or overflow.
+    pub fn apply(self, a: i64, b: i64) -> Option<i64> {
+        match self {
+            IndexBinOp::Add => a.checked_add(b),
+            IndexBinOp::Sub => a.checked_sub(b),
+            IndexBinOp::Mul => a.checked_mul(b),
+            IndexBinOp::FloorDiv => (b != 0).then(|| a.div_euclid(b)),
+            IndexBinOp::Rem => (b != 0).then(|| a.rem_euclid(b)),
+            IndexBinOp::Min => Some(a.min(b)),
+            IndexBinOp::Max => Some(a.max(b)),
+        }
+    }
+}
+
+/// An expression over program ids: one result of an index map.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum IndexExpr {
+    /// The program id along a grid axis.
+    ProgramId(usize),
+    /// A constant.
+    Const(i64),
+    /// A binary operation.
+    Bin(IndexBinOp, Box<IndexExpr>, Box<IndexExpr>),
+}
+
+impl IndexExpr {
+    /// Evaluates the expression at the given program ids.
+    pub fn eval(&self, pids: &[u64]) -> Option<i64> {
+        match self {
+            IndexExpr::ProgramId(axis) => pids.get(*axis).map(|&p| p as i64),
+            IndexExpr::Const(c) => Some(*c),
+            IndexExpr::Bin(op, a, b) => op.apply(a.eval(pids)?, b.eval(pids)?),
+        }
+    }
+
+    /// The largest program axis referenced, if any.
+    pub fn max_axis(&self) -> Option<usize> {
+        match self {
+            IndexExpr::ProgramId(axis) => Some(*axis),
+            IndexExpr::Const(_) => None,
+            IndexExpr::Bin(_, a, b) => a.max_axis().max(b.max_axis()),
+        }
+    }
+
+    /// `self op rhs`, for building maps by hand.
+    pub fn bin(self, op: IndexBinOp, rhs: impl Into<IndexExpr>) -> IndexExpr {
+        IndexExpr::Bin(op, Box::new(self), Box::new(rhs.into()))
+    }
+}
+
+impl From<i64> for IndexExpr {
+    fn from(c: i64) -> Self {
+        IndexExpr::Const(c)
+    }
+}
+
+/// Maps program ids to block indices, one expression per array dimension
+/// (Pallas `index_map`, Mosaic `transform_i`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct IndexMap {
+    /// One block index per array dimension.
+    pub exprs: Vec<IndexExpr>,
+}
+
+impl IndexMap {
+    /// Builds a map from a closure over the program-id expressions of a `grid_rank` grid.
+    pub fn from_fn(grid_rank: usize, f: impl FnOnce(&[IndexExpr]) -> Vec<IndexExpr>) -> Self {
+        let pids: Vec<IndexExpr> = (0..grid_rank).map(IndexExpr::ProgramId).collect();
+        IndexMap { exprs: f(&pids) }
+    }
+
+    /// Block indices at the given program ids; `None` if an expression cannot be evaluated.
+    pub fn eval(&self, pids: &[u64]) -> Option<Vec<i64>> {
+        self.exprs.iter().map(|e| e.eval(pids)).collect()
+    }
+}
+
+/// How an input or output array is cut into blocks (Pallas `BlockSpec`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct BlockSpec {
+    /// Block shape, one entry per array dimension.
+    pub block_shape: Vec<BlockDim>,
+    /// Program ids to block indices.
+    pub index_map: IndexMap,
+    /// Where the block lives.
+    pub memory_space: MemorySpace,
+}
+
+impl BlockSpec {
+    /// A VMEM block spec.
+    pub fn new(block_shape: Vec<BlockDim>, index_map: IndexMap) -> Self {
+        BlockSpec {
+            block_shape,
+            index_map,
+            memory_space: MemorySpace::Vmem,
+        }
+    }
+
+    /// The shape the kernel sees: the block shape without squeezed dims.
+    pub fn kernel_shape(&self) -> Vec<u64> {
+        self.block_shape
+            .iter()
+            .filter_map(|d| match d {
+                BlockDim::Size(n) => Some(*n),
+                BlockDim::Squeezed => None,
+            })
+            .collect()
+    }
+}
+
+/// What a ref is to the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RefKind {
+    /// Read-only array argument.
+    Input,
+    /// Array result.
+    Output,
+    /// Per-core buffer that persists across the iterations one core runs.
+    Scratch,
+}
+
+impl RefKind {
+    /// Text-form keyword.
+    pub fn keyword(self) -> &'static str {
+        match self {
+            RefKind::Input => "in",
+            RefKind::Output => "out",
+            RefKind::Scratch => "scratch",
+        }
+    }
+}
+
+/// A declared input, output or scratch buffer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RefDecl {
+    /// Name, unique in the kernel.
+    pub name: String,
+    /// Input, output or scratch.
+    pub kind: RefKind,
+    /// The whole array (inputs/outputs) or the buffer (scratch).
+    pub ty: TensorType,
+    /// The blocking of inputs and outputs; `None` for scratch.
+    pub block: Option<BlockSpec>,
+    /// Memory space of scratch buffers (blocks carry their own).
+    pub memory_space: MemorySpace,
+}
+
+impl RefDecl {
+    /// The type the kernel body sees when it loads or stores this ref.
+    pub fn kernel_type(&self) -> TensorType {
+        match &self.block {
+            Some(spec) => TensorType::new(self.ty.dtype, spec.kernel_shape()),
+            None => self.ty.clone(),
+        }
+    }
+}
+
+/// Element-wise unary operators.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    /// `-x`
+    Neg,
+    /// `|x|`
+    Abs,
+    /// `e^x`
+    Exp,
+    /// Natural logarithm.
+    Log,
+    /// Hyperbolic tangent.
+    Tanh,
+    /// `1 / sqrt(x)`
+    Rsqrt,
+    /// Square root.
+    Sqrt,
+    /// Logical / bitwise not (bool and i32).
+    Not,
+}
+
+/// Element-wise binary operators.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    /// `a + b`
+    Add,
+    /// `a - b`
+    Sub,
+    /// `a * b`
+    Mul,
+    /// `a / b` (floor division for integers).
+    Div,
+    /// Remainder (Euclidean for integers).
+    Rem,
+    /// `max(a, b)`
+    Max,
+    /// `min(a, b)`
+    Min,
+    /// `a ^ b` for floats.
+    Pow,
+    /// Logical and (bool) or bitwise and (i32).
+    And,
+    /// Logical or (bool) or bitwise or (i32).
+    Or,
+}
+
+/// Comparison predicates; results are bool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CmpPred {
+    /// `==`
+    Eq,
+    /// `!=`
+    Ne,
+    /// `<`
+    Lt,
+    /// `<=`
+    Le,
+    /// `>`
+    Gt,
+    /// `>=`
+    Ge,
+}
+
+/// Reductions over axes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// Sum (accumulated in f32 for floats).
+    Sum,
+    /// Maximum.
+    Max,
+    /// Minimum.
+    Min,
+}
+
+macro_rules! op_names {
+    ($ty:ident { $($variant:ident => $name:literal),* $(,)? }) => {
+        impl $ty {
+            /// Every operator, in a stable order.
+            pub const ALL: &'static [$ty] = &[$($ty::$variant),*];
+
+            /// Text-form name.
+            pub fn name(self) -> &'static str {
+                match self { $($ty::$variant => $name),* }
+            }
+
+            /// Parses a name printed by `name`.
+            pub fn from_name(name: &str) -> Option<$ty> {
+                Self::ALL.iter().copied().find(|op| op.name() == name)
+            }
+        }
+    };
+}
+
+op_names!(UnaryOp { Neg => "neg", Abs => "abs", Exp => "exp", Log => "log", Tanh => "tanh",
+    Rsqrt => "rsqrt", Sqrt => "sqrt", Not => "not" });
+op_names!(BinaryOp { Add => "add", Sub => "sub", Mul => "mul", Div => "div", Rem => "rem",
+    Max => "max", Min => "min", Pow => "pow", And => "and", Or => "or" });
+op_names!(CmpPred { Eq => "eq", Ne => "ne", Lt => "lt", Le => "le", Gt => "gt", Ge => "ge" });
+op_names!(ReduceOp { Sum => "reduce_sum", Max => "reduce_max", Min => "reduce_min" });
+
+/// A constant splatted over its result type.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Literal {
+    /// A float constant (also `inf`, `-inf`, `nan`).
+    Float(f64),
+    /// An integer constant.
+    Int(i64),
+    /// A boolean constant.
+    Bool(bool),
+}
+
+/// The start of a sliced dimension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Start {
+    /// Known when the kernel is built.
+    Static(u64),
+    /// An i32 scalar computed by the kernel.
+    Dynamic(Value),
+}
+
+/// How a load or store addresses one dimension of a ref.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Index {
+    /// The whole dimension.
+    Full,
+    /// One position (an i32 scalar); the dimension is dropped from the result.
+    At(Value),
+    /// `size` elements from `start` (Pallas `pl.ds(start, size)`).
+    Slice {
+        /// First element.
+        start: Start,
+        /// Number of elements.
+        size: u64,
+    },
+}
+
+/// A list of ops with block arguments (loop induction variable and carried values).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Region {
+    /// Values defined on entry.
+    pub args: Vec<Value>,
+    /// The ops, in order; nested regions end with [`OpKind::Yield`].
+    pub ops: Vec<Op>,
+}
+
+/// One operation and the values it defines.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Op {
+    /// Results, in order.
+    pub results: Vec<Value>,
+    /// What the op does.
+    pub kind: OpKind,
+}
+
+/// The operations of the IR.
+#[derive(Clone, Debug, PartialEq)]
+pub enum OpKind {
+    /// This program's index along a grid axis (i32 scalar).
+    ProgramId {
+        /// Grid axis.
+        axis: usize,
+    },
+    /// The grid size along an axis (i32 scalar).
+    NumPrograms {
+        /// Grid axis.
+        axis: usize,
+    },
+    /// A literal splatted to the result type.
+    Constant {
+        /// The value.
+        value: Literal,
+    },
+    /// Positions along `dim` of the (i32) result type.
+    Iota {
+        /// The dimension that counts.
+        dim: usize,
+    },
+    /// Reads a window of a ref; masked-off lanes read `other` (zero by default).
+    Load {
+        /// The ref read.
+        src: RefId,
+        /// One entry per dimension of the ref's kernel type.
+        index: Vec<Index>,
+        /// Bool tensor of the result shape.
+        mask: Option<Value>,
+        /// Scalar fill for masked-off lanes.
+        other: Option<Value>,
+    },
+    /// Writes a window of a ref; masked-off lanes are left untouched.
+    Store {
+        /// The ref written.
+        dst: RefId,
+        /// One entry per dimension of the ref's kernel type.
+        index: Vec<Index>,
+        /// The data, shaped like the window.
+        value: Value,
+        /// Bool tensor of the window shape.
+        mask: Option<Value>,
+    },
+    /// Broadcasts `x` to the result shape; operand dim `i` becomes result dim `dims[i]`
+    /// and must be 1 or equal to it (StableHLO `broadcast_in_dim`).
+    Broadcast {
+        /// The operand.
+        x: Value,
+        /// Result dimension of each operand dimension, increasing.
+        dims: Vec<usize>,
+    },
+    /// Same elements, new shape.
+    Reshape {
+        /// The operand.
+        x: Value,
+    },
+    /// Permutes dimensions: result dim `i` is operand dim `perm[i]`.
+    Transpose {
+        /// The operand.
+        x: Value,
+        /// The permutation.
+        perm: Vec<usize>,
+    },
+    /// Element-wise unary op.
+    Unary {
+        /// Which op.
+        op: UnaryOp,
+        /// The operand.
+        x: Value,
+    },
+    /// Element-wise binary op on equal types.
+    Binary {
+        /// Which op.
+        op: BinaryOp,
+        /// Left operand.
+        lhs: Value,
+        /// Right operand.
+        rhs: Value,
+    },
+    /// Element-wise comparison; the result is bool.
+    Compare {
+        /// Which predicate.
+        pred: CmpPred,
+        /// Left operand.
+        lhs: Value,
+        /// Right operand.
+        rhs: Value,
+    },
+    /// `cond ? on_true : on_false`, element-wise.
+    Select {
+        /// Bool condition, same shape as the result.
+        cond: Value,
+        /// Taken where `cond` is true.
+        on_true: Value,
+        /// Taken where `cond` is false.
+        on_false: Value,
+    },
+    /// Converts element type (floats round to nearest even, float to int truncates).
+    Cast {
+        /// The operand.
+        x: Value,
+    },
+    /// Reduces over `axes`, which are removed from the shape.
+    Reduce {
+        /// Which reduction.
+        op: ReduceOp,
+        /// The operand.
+        x: Value,
+        /// Axes to reduce, increasing.
+        axes: Vec<usize>,
+    },
+    /// Matrix product of 2-D operands, accumulated in f32 (i32 for integers).
+    Dot {
+        /// `[M, K]`, or `[K, M]` when `transpose_lhs`.
+        lhs: Value,
+        /// `[K, N]`, or `[N, K]` when `transpose_rhs`.
+        rhs: Value,
+        /// Contract over lhs dim 0 instead of 1.
+        transpose_lhs: bool,
+        /// Contract over rhs dim 1 instead of 0.
+        transpose_rhs: bool,
+    },
+    /// `for i in (lower..upper).step_by(step)` with carried values; results are the
+    /// final carried values. Body args: the induction variable, then the carried values.
+    For {
+        /// i32 scalar.
+        lower: Value,
+        /// i32 scalar (exclusive).
+        upper: Value,
+        /// i32 scalar, positive.
+        step: Value,
+        /// Initial carried values.
+        inits: Vec<Value>,
+        /// Ends with a yield of the next carried values.
+        body: Region,
+    },
+    /// Runs one of two regions; results are what the taken region yields.
+    If {
+        /// Bool scalar.
+        cond: Value,
+        /// Region taken when true.
+        then_region: Region,
+        /// Region taken when false.
+        else_region: Region,
+    },
+    /// Ends a `for` body or an `if` region.
+    Yield {
+        /// The values passed out.
+        values: Vec<Value>,
+    },
+}
+
+impl OpKind {
+    /// The op's mnemonic in the text form.
+    pub fn mnemonic(&self) -> &'static str {
+        match self {
+            OpKind::ProgramId { .. } => "program_id",
+            OpKind::NumPrograms { .. } => "num_programs",
+            OpKind::Constant { .. } => "const",
+            OpKind::Iota { .. } => "iota",
+            OpKind::Load { .. } => "load",
+            OpKind::Store { .. } => "store",
+            OpKind::Broadcast { .. } => "broadcast",
+            OpKind::Reshape { .. } => "reshape",
+            OpKind::Transpose { .. } => "transpose",
+            OpKind::Unary { op, .. } => op.name(),
+            OpKind::Binary { op, .. } => op.name(),
+            OpKind::Compare { .. } => "cmp",
+            OpKind::Select { .. } => "select",
+            OpKind::Cast { .. } => "cast",
+            OpKind::Reduce { op, .. } => op.name(),
+            OpKind::Dot { .. } => "dot",
+            OpKind::For { .. } => "for",
+            OpKind::If { .. } => "if",
+            OpKind::Yield { .. } => "yield",
+        }
+    }
+
+    /// The SSA values this op reads directly (not those inside its regions).
+    pub fn operands(&self) -> Vec<Value> {
+        fn index_values(index: &[Index]) -> impl Iterator<Item = Value> + '_ {
+            index.iter().filter_map(|i| match i {
+                Index::At(v) => Some(*v),
+                Index::Slice {
+                    start: Start::Dynamic(v),
+                    ..
+                } => Some(*v),
+                _ => None,
+            })
+        }
+        match self {
+            OpKind::ProgramId { .. }
+            | OpKind::NumPrograms { .. }
+            | OpKind::Constant { .. }
+            | OpKind::Iota { .. } => vec![],
+            OpKind::Load {
+                index, mask, other, ..
+            } => index_values(index).chain(*mask).chain(*other).collect(),
+            OpKind::Store {
+                index, value, mask, ..
+            } => index_values(index)
+                .chain([*value])
+                .chain(*mask)
+                .collect(),
+            OpKind::Broadcast { x, .. }
+            | OpKind::Reshape { x }
+            | OpKind::Transpose { x, .. }
+            | OpKind::Unary { x, .. }
+            | OpKind::Cast { x }
+            | OpKind::Reduce { x, .. } => vec![*x],
+            OpKind::Binary { lhs, rhs, .. }
+            | OpKind::Compare { lhs, rhs, .. }
+            | OpKind::Dot { lhs, rhs, .. } => vec![*lhs, *rhs],
+            OpKind::Select {
+                cond,
+                on_true,
+                on_false,
+            } => vec![*cond, *on_true, *on_false],
+            OpKind::For {
+                lower,
+                upper,
+                step,
+                inits,
+                ..
+            } => [*lower, *upper, *step]
+                .into_iter()
+                .chain(inits.iter().copied())
+                .collect(),
+            OpKind::If { cond, .. } => vec![*cond],
+            OpKind::Yield { values } => values.clone(),
+        }
+    }
+}
+
+/// A kernel: the unit that is verified, printed, interpreted and lowered.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Kernel {
+    /// Symbol name.
+    pub name: String,
+    /// Number of programs along each grid axis.
+    pub grid: Vec<u64>,
+    /// One entry per grid axis.
+    pub dimension_semantics: Vec<DimSemantics>,
+    /// Inputs, then outputs, then scratch buffers.
+    pub refs: Vec<RefDecl>,
+    /// The program body (no args, no terminator).
+    pub body: Region,
+    /// The type of every SSA value, indexed by [`Value`].
+    pub value_types: Vec<TensorType>,
+}
+
+impl Kernel {
+    /// The type of an SSA value.
+    pub fn type_of(&self, v: Value) -> &TensorType {
+        &self.value_types[v.0 as usize]
+    }
+
+    /// The declaration of a ref.
+    pub fn ref_decl(&self, r: RefId) -> &RefDecl {
+        &self.refs[r.0 as usize]
+    }
+
+    /// Refs of one kind, with their ids.
+    pub fn refs_of(&self, kind: RefKind) -> impl Iterator<Item = (RefId, &RefDecl)> {
+        self.refs
+            .iter()
+            .enumerate()
+            .filter(move |(_, r)| r.kind == kind)
+            .map(|(i, r)| (RefId(i as u32), r))
+    }
+
+    /// Input array types, in order.
+    pub fn input_types(&self) -> Vec<TensorType> {
+        self.refs_of(RefKind::Input).map(|(_, r)| r.ty.clone()).collect()
+    }
+
+    /// Output array types, in order.
+    pub fn output_types(&self) -> Vec<TensorType> {
+        self.refs_of(RefKind::Output).map(|(_, r)| r.ty.clone()).collect()
+    }
+
+    /// Total number of programs in the grid.
+    pub fn num_programs(&self) -> u64 {
+        self.grid.iter().product()
+    }
+}
+
+/// Convenience: element type helpers used by the verifier and interpreter.
+pub(crate) fn dot_result_dtype(input: DType) -> DType {
+    if input.is_float() {
+        DType::F32
+    } else {
+        DType::I32
+    }
+}

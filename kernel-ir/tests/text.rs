@@ -1,0 +1,96 @@
+mod common;
+
+use common::*;
+use kernel_ir::{parse_kernel, print_kernel, Error, Kernel};
+use proptest::prelude::*;
+
+fn samples() -> Vec<Kernel> {
+    vec![
+        add_one(16, 128, 8),
+        softmax_masked(13, 7, 8),
+        matmul_grid_k(32, 64, 48, 16, 16, 16),
+        matmul_loop(16, 96, 24, 8, 32),
+    ]
+}
+
+#[test]
+fn print_parse_print_is_identity() {
+    for k in samples() {
+        let text = print_kernel(&k);
+        let parsed = parse_kernel(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        assert_eq!(print_kernel(&parsed), text);
+        assert_eq!(parsed.grid, k.grid);
+        assert_eq!(parsed.refs, k.refs);
+    }
+}
+
+fn parse_err(text: &str) -> String {
+    match parse_kernel(text) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("parsed:\n{text}"),
+    }
+}
+
+#[test]
+fn syntax_errors_have_positions() {
+    let base = print_kernel(&add_one(16, 128, 8));
+    let e = parse_err(&base.replace("add %", "frobnicate %"));
+    assert!(e.contains("unknown op `frobnicate`") && e.contains("line "), "{e}");
+    let e = parse_err(&base.replace("f32[16, 128]", "f64[16, 128]"));
+    assert!(e.contains("unknown dtype `f64`"), "{e}");
+    let e = parse_err(&base.replace("%1 = const", "%1 = cnst"));
+    assert!(e.contains("unknown op `cnst`"), "{e}");
+    let e = parse_err(&base.replace("store %out0[:, :], %2", "store %out0[:, :], %9"));
+    assert!(e.contains("value %9 is not defined"), "{e}");
+    let e = parse_err(&base[..base.len() / 2]);
+    assert!(e.contains("parse error"), "{e}");
+}
+
+#[test]
+fn type_errors_name_the_op_and_types() {
+    let base = print_kernel(&add_one(16, 128, 8));
+    let e = parse_err(&base.replace("%1 = const 1.0 : f32[8, 128]", "%1 = const 1.0 : f32[8, 64]"));
+    assert!(e.contains("`%2 = add %0, %1 : f32[8, 128]`"), "{e}");
+    assert!(e.contains("operand 1 has type f32[8, 64], expected f32[8, 128]"), "{e}");
+}
+
+#[test]
+fn block_specs_that_do_not_tile_are_rejected() {
+    let base = print_kernel(&add_one(16, 128, 8));
+    let e = parse_err(&base.replacen("block [8, 128]", "block [8, 256]", 1));
+    assert!(e.contains("block dim 1 is 256, which does not tile the array dim of 128"), "{e}");
+    let e = parse_err(&base.replacen("-> (i0, 0)", "-> (i0 + 5, 0)", 1));
+    assert!(e.contains("block index 5 for dim 0"), "{e}");
+    let e = parse_err(&base.replacen("block [8, 128]", "block [8]", 1));
+    assert!(e.contains("block shape has rank 1 but the array has rank 2"), "{e}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// Mutated valid kernels never panic the parser: they parse (and then print back
+    /// to something that parses identically) or give an error.
+    #[test]
+    fn parser_never_panics_on_mutations(which in 0usize..4, pos in any::<prop::sample::Index>(),
+                                        cut in any::<prop::sample::Index>(), insert in "[ -~]{0,8}") {
+        let text = print_kernel(&samples()[which]);
+        let mut chars: Vec<char> = text.chars().collect();
+        let p = pos.index(chars.len());
+        let c = cut.index(8).min(chars.len() - p);
+        chars.splice(p..p + c, insert.chars());
+        let mutated: String = chars.into_iter().collect();
+        match parse_kernel(&mutated) {
+            Ok(k) => {
+                let again = print_kernel(&k);
+                prop_assert_eq!(print_kernel(&parse_kernel(&again).unwrap()), again);
+            }
+            Err(Error::Parse(_)) | Err(Error::Verify(_)) => {}
+            Err(e) => prop_assert!(false, "unexpected error kind: {e}"),
+        }
+    }
+
+    #[test]
+    fn parser_never_panics_on_garbage(text in "\\PC{0,200}") {
+        let _ = parse_kernel(&text);
+    }
+}
