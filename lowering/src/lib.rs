@@ -1,0 +1,1 @@
+//! Lowerings of Tessera kernels.
