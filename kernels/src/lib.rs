@@ -1,1 +1,150 @@
-//! kernels
+//! Tessera's kernel library. Every kernel is written with `#[kernel]`; each comes with
+//! a plain reference implementation, an input generator and tolerances, so every
+//! backend can be checked the same way ([`check`]).
+
+mod attention;
+mod common;
+mod matmul;
+mod norms;
+mod params;
+mod rope;
+mod softmax;
+mod swiglu;
+
+use kernel_ir::{Array, Kernel};
+
+pub use attention::{AttentionConfig, FlashAttention, FlashAttentionBwd};
+pub use matmul::{Matmul, MatmulConfig};
+pub use norms::{LayerNorm, NormConfig, RmsNorm};
+pub use params::{ParamDef, ParamError, Params};
+pub use rope::{Rope, RopeConfig};
+pub use softmax::{Softmax, SoftmaxConfig};
+pub use swiglu::{Swiglu, SwigluConfig};
+
+/// Runs one kernel on one backend (the interpreter, XLA, native code...).
+pub type Exec<'a> = dyn FnMut(&Kernel, &[Array]) -> Result<Vec<Array>, BoxError> + 'a;
+
+/// Any error raised while building or running a kernel.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Allowed error: `|got - want| <= abs + rel * |want|` for every element.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Tolerance {
+    /// Absolute part.
+    pub abs: f64,
+    /// Relative part.
+    pub rel: f64,
+}
+
+/// A library kernel: how to build it for some parameters, make inputs, run it and
+/// compute the expected result.
+pub trait LibraryKernel: Sync {
+    /// The name used by the CLI and the Python ops.
+    fn name(&self) -> &'static str;
+    /// One line on what it computes.
+    fn summary(&self) -> &'static str;
+    /// The parameters it takes, with defaults.
+    fn params(&self) -> &'static [ParamDef];
+    /// The kernels this op runs, in order (most ops have one).
+    fn build(&self, p: &Params) -> Result<Vec<Kernel>, BoxError>;
+    /// Deterministic random inputs.
+    fn inputs(&self, p: &Params, seed: u64) -> Result<Vec<Array>, BoxError>;
+    /// Runs the op's kernels with `exec` and returns its outputs.
+    fn run(&self, p: &Params, inputs: &[Array], exec: &mut Exec) -> Result<Vec<Array>, BoxError> {
+        let kernels = self.build(p)?;
+        let mut outputs = Vec::new();
+        for k in &kernels {
+            outputs = exec(k, inputs)?;
+        }
+        Ok(outputs)
+    }
+    /// The expected outputs, computed plainly in f64.
+    fn reference(&self, p: &Params, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError>;
+    /// Allowed error, justified by the dtype.
+    fn tolerance(&self, p: &Params) -> Tolerance;
+    /// Floating-point operations of one call (for GFLOP/s), 0 if not meaningful.
+    fn flops(&self, p: &Params) -> f64;
+}
+
+/// Every library kernel, in a stable order.
+pub fn all() -> Vec<&'static dyn LibraryKernel> {
+    vec![
+        &Matmul,
+        &Softmax,
+        &RmsNorm,
+        &LayerNorm,
+        &Rope,
+        &Swiglu,
+        &FlashAttention,
+        &FlashAttentionBwd,
+    ]
+}
+
+/// The library kernel called `name`.
+pub fn find(name: &str) -> Option<&'static dyn LibraryKernel> {
+    all().into_iter().find(|k| k.name() == name)
+}
+
+/// How far outputs are from the reference.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Comparison {
+    /// Largest `|got - want|`.
+    pub max_abs_err: f64,
+    /// Largest `|got - want| / max(|want|, 1e-6)` over elements whose `|want| > 1e-3`.
+    pub max_rel_err: f64,
+    /// The first element outside the tolerance: (output, index, got, want).
+    pub first_bad: Option<(usize, usize, f64, f64)>,
+}
+
+impl Comparison {
+    /// True when every element is within the tolerance.
+    pub fn ok(&self) -> bool {
+        self.first_bad.is_none()
+    }
+}
+
+/// Compares outputs with the reference under `tol`; NaNs always fail.
+pub fn compare(got: &[Array], want: &[Vec<f64>], tol: Tolerance) -> Comparison {
+    let mut c = Comparison {
+        max_abs_err: 0.0,
+        max_rel_err: 0.0,
+        first_bad: None,
+    };
+    if got.len() != want.len() {
+        c.first_bad = Some((got.len().min(want.len()), 0, f64::NAN, f64::NAN));
+        return c;
+    }
+    for (o, (g, w)) in got.iter().zip(want).enumerate() {
+        let g = g.to_f64();
+        if g.len() != w.len() {
+            c.first_bad.get_or_insert((o, 0, f64::NAN, f64::NAN));
+            continue;
+        }
+        for (i, (&x, &y)) in g.iter().zip(w).enumerate() {
+            let err = (x - y).abs();
+            if !err.is_nan() {
+                c.max_abs_err = c.max_abs_err.max(err);
+                if y.abs() > 1e-3 {
+                    c.max_rel_err = c.max_rel_err.max(err / y.abs());
+                }
+            }
+            if !(err <= tol.abs + tol.rel * y.abs()) {
+                c.first_bad.get_or_insert((o, i, x, y));
+            }
+        }
+    }
+    c
+}
+
+/// Builds inputs, runs the op with `exec` and compares with the reference.
+pub fn check(
+    kernel: &dyn LibraryKernel,
+    p: &Params,
+    seed: u64,
+    exec: &mut Exec,
+) -> Result<Comparison, BoxError> {
+    let inputs = kernel.inputs(p, seed)?;
+    let got = kernel.run(p, &inputs, exec)?;
+    let want = kernel.reference(p, &inputs)?;
+    Ok(compare(&got, &want, kernel.tolerance(p)))
+}

@@ -1,0 +1,136 @@
+//! FlashAttention-2 backward: `delta = rowsum(do * o)`, then one kernel for dq (a loop
+//! over key blocks per query block) and one for dk/dv (a loop over the query blocks of
+//! every query head that shares the kv head).
+
+use kernel_ir::dsl::prelude::*;
+use kernel_macros::{kernel, kernel_fn};
+
+use super::fwd::{causal_mask, mxu_input};
+use super::AttentionConfig;
+use crate::common::load_tile;
+
+/// Stores rows `[r0, r0 + rows)` of a block, skipping rows at or past `limit`.
+#[kernel_fn]
+fn store_rows(r: Ref, value: Tensor, rows: u64, cols: u64, r0: Tensor, limit: u64) {
+    if limit % rows != 0 {
+        r.store_masked(s![.., ..], value, (iota([rows, cols], 0) + r0).lt(limit));
+    } else {
+        r.write(value);
+    }
+}
+
+/// Loads a `[rows]` vector block, masking positions at or past `limit`.
+#[kernel_fn]
+fn load_vector(r: Ref, rows: u64, r0: Tensor, limit: u64) -> Tensor {
+    if limit % rows != 0 {
+        r.load_masked(s![..], (iota([rows], 0) + r0).lt(limit), 0.0)
+    } else {
+        r.read()
+    }
+}
+
+/// `delta = rowsum(do * o)` for one query block.
+#[kernel]
+pub(crate) fn flash_attention_bwd_delta(o: Ref, d_o: Ref, delta: Ref, #[comptime] c: AttentionConfig) {
+    let (bq, d) = (c.block_q, c.head_dim);
+    let q0 = program_id(2) * bq;
+    let ob = load_tile(o, bq, d, q0, index(0), c.q_len, d).cast(DType::F32);
+    let dob = load_tile(d_o, bq, d, q0, index(0), c.q_len, d).cast(DType::F32);
+    let rows = (ob * dob).sum(1);
+    if c.q_len % bq != 0 {
+        delta.store_masked(s![..], rows, (iota([bq], 0) + q0).lt(c.q_len));
+    } else {
+        delta.write(rows);
+    }
+}
+
+/// `p` and `ds` of one (query block, key block) tile.
+#[kernel_fn]
+fn probs_and_grad(qb: Tensor, kb: Tensor, vb: Tensor, dob: Tensor, lse_b: Tensor, delta_b: Tensor, q0: Tensor, k0: Tensor, rows: u64, cols: u64, c: AttentionConfig) -> (Tensor, Tensor) {
+    let mut scores = dot_general(qb, kb, false, true) * c.scale;
+    if c.causal {
+        scores = causal_mask(scores, rows, cols, q0, k0);
+    }
+    let p = (scores - lse_b.expand_dims(1)).exp();
+    let dp = dot_general(dob, vb, false, true);
+    let ds = p * (dp - delta_b.expand_dims(1));
+    (p, ds)
+}
+
+/// dq accumulation over keys `[k0, k0 + size)`.
+#[kernel_fn]
+fn dq_step(qb: Tensor, dob: Tensor, lse_b: Tensor, delta_b: Tensor, k: Ref, v: Ref, q0: Tensor, k0: Tensor, size: u64, dq: Tensor, c: AttentionConfig) -> Tensor {
+    let kb = k.load(s![ds(k0, size), ..]);
+    let vb = v.load(s![ds(k0, size), ..]);
+    let (_p, ds) = probs_and_grad(qb, kb, vb, dob, lse_b, delta_b, q0, k0, c.block_q, size, c);
+    dq + mxu_input(ds, c.dtype).dot(kb)
+}
+
+/// `dq = scale * sum_j ds_j k_j` for one query block.
+#[kernel]
+pub(crate) fn flash_attention_bwd_dq(q: Ref, k: Ref, v: Ref, d_o: Ref, lse: Ref, delta: Ref, dq: Ref, #[comptime] c: AttentionConfig) {
+    let (bq, bk, d) = (c.block_q, c.block_k, c.head_dim);
+    let q0 = program_id(2) * bq;
+    let qb = load_tile(q, bq, d, q0, index(0), c.q_len, d);
+    let dob = load_tile(d_o, bq, d, q0, index(0), c.q_len, d);
+    let lse_b = load_vector(lse, bq, q0, c.q_len);
+    let delta_b = load_vector(delta, bq, q0, c.q_len);
+    let full_blocks = c.kv_len / bk;
+    let tail = c.kv_len % bk;
+    let upper = if c.causal {
+        ((q0 + (bq + bk - 1)) / bk).minimum(full_blocks)
+    } else {
+        index(full_blocks as i64)
+    };
+    let mut acc = zeros([bq, d], DType::F32);
+    for j in 0..upper {
+        acc = dq_step(qb, dob, lse_b, delta_b, k, v, q0, j * bk, bk, acc, c);
+    }
+    if tail > 0 {
+        acc = dq_step(qb, dob, lse_b, delta_b, k, v, q0, index((full_blocks * bk) as i64), tail, acc, c);
+    }
+    store_rows(dq, (acc * c.scale).cast(c.dtype), bq, d, q0, c.q_len);
+}
+
+/// dk/dv accumulation over queries `[q0, q0 + size)` of query head `g` of the group.
+#[kernel_fn]
+fn dkdv_step(q: Ref, d_o: Ref, lse: Ref, delta: Ref, g: u64, q0: Tensor, size: u64, kb: Tensor, vb: Tensor, k0: Tensor, state: (Tensor, Tensor), c: AttentionConfig) -> (Tensor, Tensor) {
+    let (dk, dv) = state;
+    let qb = q.load(s![g, ds(q0, size), ..]);
+    let dob = d_o.load(s![g, ds(q0, size), ..]);
+    let lse_b = lse.load(s![g, ds(q0, size)]);
+    let delta_b = delta.load(s![g, ds(q0, size)]);
+    let (p, ds) = probs_and_grad(qb, kb, vb, dob, lse_b, delta_b, q0, k0, size, c.block_k, c);
+    let dv_new = dv + dot_general(mxu_input(p, c.dtype), dob, true, false);
+    let dk_new = dk + dot_general(mxu_input(ds, c.dtype), qb, true, false);
+    (dk_new, dv_new)
+}
+
+/// `dk = scale * sum_i ds_i^T q_i`, `dv = sum_i p_i^T do_i` for one key block, summed
+/// over the query heads that share this kv head.
+#[kernel]
+pub(crate) fn flash_attention_bwd_dkdv(q: Ref, k: Ref, v: Ref, d_o: Ref, lse: Ref, delta: Ref, dk: Ref, dv: Ref, #[comptime] c: AttentionConfig) {
+    let (bq, bk, d) = (c.block_q, c.block_k, c.head_dim);
+    let k0 = program_id(2) * bk;
+    let kb = load_tile(k, bk, d, k0, index(0), c.kv_len, d);
+    let vb = load_tile(v, bk, d, k0, index(0), c.kv_len, d);
+    let full_blocks = c.q_len / bq;
+    let tail = c.q_len % bq;
+    // Causal: query blocks wholly before this key block see none of it.
+    let lower = if c.causal { k0 / bq } else { index(0) };
+    let mut dk_acc = zeros([bk, d], DType::F32);
+    let mut dv_acc = zeros([bk, d], DType::F32);
+    let group = c.heads / c.kv_heads;
+    #[unroll]
+    for g in 0..group {
+        for i in lower..full_blocks {
+            (dk_acc, dv_acc) = dkdv_step(q, d_o, lse, delta, g, i * bq, bq, kb, vb, k0, (dk_acc, dv_acc), c);
+        }
+        if tail > 0 {
+            let q0 = index((full_blocks * bq) as i64);
+            (dk_acc, dv_acc) = dkdv_step(q, d_o, lse, delta, g, q0, tail, kb, vb, k0, (dk_acc, dv_acc), c);
+        }
+    }
+    store_rows(dk, (dk_acc * c.scale).cast(c.dtype), bk, d, k0, c.kv_len);
+    store_rows(dv, dv_acc.cast(c.dtype), bk, d, k0, c.kv_len);
+}

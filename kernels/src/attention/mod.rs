@@ -1,0 +1,365 @@
+//! FlashAttention forward and backward, with causal masking, GQA/MQA, ragged
+//! sequence lengths and f32 or bf16 inputs (f32 accumulation).
+
+mod bwd;
+mod fwd;
+
+use kernel_ir::dsl::prelude::*;
+use kernel_ir::{Array, DimSemantics};
+
+use crate::common::{block, pid, random_array, tolerance_for, zero};
+use crate::{BoxError, Exec, LibraryKernel, ParamDef, Params, Tolerance};
+
+/// Shapes and options of an attention call. q/o are `[batch, heads, q_len, head_dim]`,
+/// k/v `[batch, kv_heads, kv_len, head_dim]`; query head `h` reads kv head
+/// `h / (heads / kv_heads)`. Causal masking is top-left aligned, as in PyTorch's
+/// `scaled_dot_product_attention(is_causal=True)`: query `i` sees keys `j <= i`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionConfig {
+    /// Batch.
+    pub batch: u64,
+    /// Query heads.
+    pub heads: u64,
+    /// Key/value heads (divides `heads`).
+    pub kv_heads: u64,
+    /// Query length.
+    pub q_len: u64,
+    /// Key/value length.
+    pub kv_len: u64,
+    /// Head dim.
+    pub head_dim: u64,
+    /// Queries per block (clamped to `q_len`).
+    pub block_q: u64,
+    /// Keys per block (clamped to `kv_len`).
+    pub block_k: u64,
+    /// Mask keys after the query position.
+    pub causal: bool,
+    /// Score scale (default `1 / sqrt(head_dim)`).
+    pub scale: f64,
+    /// Input and output dtype (f32 or bf16).
+    pub dtype: DType,
+}
+
+const PARAMS: &[ParamDef] = &[
+    ParamDef { name: "batch", default: "1", help: "batch" },
+    ParamDef { name: "heads", default: "4", help: "query heads" },
+    ParamDef { name: "kv_heads", default: "4", help: "key/value heads (GQA when fewer)" },
+    ParamDef { name: "q_len", default: "512", help: "query length" },
+    ParamDef { name: "kv_len", default: "512", help: "key/value length" },
+    ParamDef { name: "head_dim", default: "64", help: "head dim (32..256)" },
+    ParamDef { name: "block_q", default: "128", help: "queries per block" },
+    ParamDef { name: "block_k", default: "128", help: "keys per block" },
+    ParamDef { name: "causal", default: "false", help: "top-left causal mask" },
+    ParamDef { name: "scale", default: "none", help: "score scale (none: 1/sqrt(head_dim))" },
+    ParamDef { name: "dtype", default: "f32", help: "f32 or bf16 (f32 accumulation)" },
+];
+
+impl AttentionConfig {
+    /// Reads and validates the parameters.
+    pub fn from_params(p: &Params) -> Result<Self, BoxError> {
+        let (heads, kv_heads) = (p.dim("heads")?, p.dim("kv_heads")?);
+        if heads % kv_heads != 0 {
+            return Err(format!("`heads` ({heads}) must be a multiple of `kv_heads` ({kv_heads})").into());
+        }
+        let head_dim = p.dim("head_dim")?;
+        if !(1..=256).contains(&head_dim) {
+            return Err(format!("`head_dim` must be in 1..=256, got {head_dim}").into());
+        }
+        let (q_len, kv_len) = (p.dim("q_len")?, p.dim("kv_len")?);
+        Ok(AttentionConfig {
+            batch: p.dim("batch")?,
+            heads,
+            kv_heads,
+            q_len,
+            kv_len,
+            head_dim,
+            block_q: block(q_len, p.dim("block_q")?),
+            block_k: block(kv_len, p.dim("block_k")?),
+            causal: p.flag("causal")?,
+            scale: p.float_opt("scale")?.unwrap_or(1.0 / (head_dim as f64).sqrt()),
+            dtype: p.dtype("dtype", &[DType::F32, DType::BF16])?,
+        })
+    }
+
+    fn group(&self) -> u64 {
+        self.heads / self.kv_heads
+    }
+
+    fn q_type(&self) -> TensorType {
+        TensorType::new(self.dtype, [self.batch, self.heads, self.q_len, self.head_dim])
+    }
+
+    fn kv_type(&self) -> TensorType {
+        TensorType::new(self.dtype, [self.batch, self.kv_heads, self.kv_len, self.head_dim])
+    }
+
+    fn rows_type(&self) -> TensorType {
+        TensorType::new(DType::F32, [self.batch, self.heads, self.q_len])
+    }
+
+    fn q_grid(&self) -> [u64; 3] {
+        [self.batch, self.heads, self.q_len.div_ceil(self.block_q)]
+    }
+
+    /// A query-block spec of q, o, do: `[None, None, block_q, head_dim]`.
+    fn q_block(&self) -> BlockSpecFn {
+        block_spec([None, None, Some(self.block_q), Some(self.head_dim)], |i| {
+            vec![pid(i, 0), pid(i, 1), pid(i, 2), zero()]
+        })
+    }
+
+    /// A per-query-row spec of lse and delta: `[None, None, block_q]`.
+    fn rows_block(&self) -> BlockSpecFn {
+        block_spec([None, None, Some(self.block_q)], |i| vec![pid(i, 0), pid(i, 1), pid(i, 2)])
+    }
+
+    /// The whole key/value sequence of the kv head that query head `i[1]` reads.
+    fn kv_whole(&self) -> BlockSpecFn {
+        let group = self.group() as i64;
+        block_spec([None, None, Some(self.kv_len), Some(self.head_dim)], move |i| {
+            vec![pid(i, 0), pid(i, 1) / group, zero(), zero()]
+        })
+    }
+
+    /// The forward kernel: `(q, k, v) -> (o, lse)`.
+    pub fn forward(self) -> Result<Kernel, BoxError> {
+        let c = self;
+        Ok(pallas_call(move |q, k, v, o, lse| fwd::flash_attention_fwd(q, k, v, o, lse, c))
+            .grid(c.q_grid())
+            .input(c.q_type(), c.q_block())
+            .input(c.kv_type(), c.kv_whole())
+            .input(c.kv_type(), c.kv_whole())
+            .output(c.q_type(), c.q_block())
+            .output(c.rows_type(), c.rows_block())
+            .build()?)
+    }
+
+    /// `(o, do) -> delta = rowsum(do * o)`.
+    pub fn backward_delta(self) -> Result<Kernel, BoxError> {
+        let c = self;
+        Ok(pallas_call(move |o, d_o, delta| bwd::flash_attention_bwd_delta(o, d_o, delta, c))
+            .grid(c.q_grid())
+            .input(c.q_type(), c.q_block())
+            .input(c.q_type(), c.q_block())
+            .output(c.rows_type(), c.rows_block())
+            .build()?)
+    }
+
+    /// `(q, k, v, do, lse, delta) -> dq`.
+    pub fn backward_dq(self) -> Result<Kernel, BoxError> {
+        let c = self;
+        Ok(pallas_call(move |q, k, v, d_o, lse, delta, dq| {
+            bwd::flash_attention_bwd_dq(q, k, v, d_o, lse, delta, dq, c)
+        })
+        .grid(c.q_grid())
+        .input(c.q_type(), c.q_block())
+        .input(c.kv_type(), c.kv_whole())
+        .input(c.kv_type(), c.kv_whole())
+        .input(c.q_type(), c.q_block())
+        .input(c.rows_type(), c.rows_block())
+        .input(c.rows_type(), c.rows_block())
+        .output(c.q_type(), c.q_block())
+        .build()?)
+    }
+
+    /// `(q, k, v, do, lse, delta) -> (dk, dv)`, one program per (batch, kv head, key block).
+    pub fn backward_dkdv(self) -> Result<Kernel, BoxError> {
+        let c = self;
+        let group = c.group();
+        let q_group = || {
+            block_spec([None, Some(group), Some(c.q_len), Some(c.head_dim)], |i| {
+                vec![pid(i, 0), pid(i, 1), zero(), zero()]
+            })
+        };
+        let rows_group = || block_spec([None, Some(group), Some(c.q_len)], |i| vec![pid(i, 0), pid(i, 1), zero()]);
+        let kv_block = || {
+            block_spec([None, None, Some(c.block_k), Some(c.head_dim)], |i| {
+                vec![pid(i, 0), pid(i, 1), pid(i, 2), zero()]
+            })
+        };
+        Ok(pallas_call(move |q, k, v, d_o, lse, delta, dk, dv| {
+            bwd::flash_attention_bwd_dkdv(q, k, v, d_o, lse, delta, dk, dv, c)
+        })
+        .grid([c.batch, c.kv_heads, c.kv_len.div_ceil(c.block_k)])
+        .dimension_semantics([DimSemantics::Parallel; 3])
+        .input(c.q_type(), q_group())
+        .input(c.kv_type(), kv_block())
+        .input(c.kv_type(), kv_block())
+        .input(c.q_type(), q_group())
+        .input(c.rows_type(), rows_group())
+        .input(c.rows_type(), rows_group())
+        .output(c.kv_type(), kv_block())
+        .output(c.kv_type(), kv_block())
+        .build()?)
+    }
+
+    fn qkv(&self, seed: u64) -> Result<Vec<Array>, BoxError> {
+        Ok(vec![
+            random_array(self.dtype, &self.q_type().shape, seed, 1.0)?,
+            random_array(self.dtype, &self.kv_type().shape, seed + 1, 1.0)?,
+            random_array(self.dtype, &self.kv_type().shape, seed + 2, 1.0)?,
+        ])
+    }
+}
+
+/// Plain f64 attention: returns `(o, lse, p)` with `p[b][h]` the `[q_len, kv_len]`
+/// probabilities.
+pub fn reference_forward(c: &AttentionConfig, q: &[f64], k: &[f64], v: &[f64]) -> (Vec<f64>, Vec<f64>, Vec<Vec<f64>>) {
+    let (sq, sk, d) = (c.q_len as usize, c.kv_len as usize, c.head_dim as usize);
+    let mut o = vec![0.0; q.len()];
+    let mut lse = vec![0.0; (c.batch * c.heads) as usize * sq];
+    let mut probs = Vec::new();
+    for b in 0..c.batch as usize {
+        for h in 0..c.heads as usize {
+            let hk = h / c.group() as usize;
+            let qo = (b * c.heads as usize + h) * sq * d;
+            let ko = (b * c.kv_heads as usize + hk) * sk * d;
+            let mut p = vec![0.0; sq * sk];
+            for i in 0..sq {
+                let mut row: Vec<f64> = (0..sk)
+                    .map(|j| {
+                        if c.causal && j > i {
+                            f64::NEG_INFINITY
+                        } else {
+                            (0..d).map(|t| q[qo + i * d + t] * k[ko + j * d + t]).sum::<f64>() * c.scale
+                        }
+                    })
+                    .collect();
+                let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let sum: f64 = row.iter().map(|s| (s - m).exp()).sum();
+                lse[(b * c.heads as usize + h) * sq + i] = m + sum.ln();
+                for (j, s) in row.iter_mut().enumerate() {
+                    *s = (*s - m).exp() / sum;
+                    p[i * sk + j] = *s;
+                }
+                for t in 0..d {
+                    o[qo + i * d + t] = (0..sk).map(|j| row[j] * v[ko + j * d + t]).sum();
+                }
+            }
+            probs.push(p);
+        }
+    }
+    (o, lse, probs)
+}
+
+/// Plain f64 attention gradients `(dq, dk, dv)` for output gradient `d_o`.
+pub fn reference_backward(c: &AttentionConfig, q: &[f64], k: &[f64], v: &[f64], d_o: &[f64]) -> [Vec<f64>; 3] {
+    let (sq, sk, d) = (c.q_len as usize, c.kv_len as usize, c.head_dim as usize);
+    let (o, _, probs) = reference_forward(c, q, k, v);
+    let mut dq = vec![0.0; q.len()];
+    let mut dk = vec![0.0; k.len()];
+    let mut dv = vec![0.0; v.len()];
+    for b in 0..c.batch as usize {
+        for h in 0..c.heads as usize {
+            let hk = h / c.group() as usize;
+            let qo = (b * c.heads as usize + h) * sq * d;
+            let ko = (b * c.kv_heads as usize + hk) * sk * d;
+            let p = &probs[b * c.heads as usize + h];
+            for i in 0..sq {
+                let delta: f64 = (0..d).map(|t| d_o[qo + i * d + t] * o[qo + i * d + t]).sum();
+                for j in 0..sk {
+                    let pij = p[i * sk + j];
+                    let dp: f64 = (0..d).map(|t| d_o[qo + i * d + t] * v[ko + j * d + t]).sum();
+                    let ds = pij * (dp - delta) * c.scale;
+                    for t in 0..d {
+                        dv[ko + j * d + t] += pij * d_o[qo + i * d + t];
+                        dq[qo + i * d + t] += ds * k[ko + j * d + t];
+                        dk[ko + j * d + t] += ds * q[qo + i * d + t];
+                    }
+                }
+            }
+        }
+    }
+    [dq, dk, dv]
+}
+
+/// FlashAttention forward: `(q, k, v) -> (o, lse)`.
+pub struct FlashAttention;
+
+impl LibraryKernel for FlashAttention {
+    fn name(&self) -> &'static str {
+        "flash_attention"
+    }
+    fn summary(&self) -> &'static str {
+        "softmax(q k^T * scale) v with causal, GQA and ragged lengths; also returns lse"
+    }
+    fn params(&self) -> &'static [ParamDef] {
+        PARAMS
+    }
+    fn build(&self, p: &Params) -> Result<Vec<Kernel>, BoxError> {
+        Ok(vec![AttentionConfig::from_params(p)?.forward()?])
+    }
+    fn inputs(&self, p: &Params, seed: u64) -> Result<Vec<Array>, BoxError> {
+        AttentionConfig::from_params(p)?.qkv(seed)
+    }
+    fn reference(&self, p: &Params, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
+        let c = AttentionConfig::from_params(p)?;
+        let (o, lse, _) = reference_forward(&c, &inputs[0].to_f64(), &inputs[1].to_f64(), &inputs[2].to_f64());
+        Ok(vec![o, lse])
+    }
+    fn tolerance(&self, p: &Params) -> Tolerance {
+        AttentionConfig::from_params(p).map_or(tolerance_for(DType::F32, 1), |c| tolerance_for(c.dtype, c.head_dim))
+    }
+    fn flops(&self, p: &Params) -> f64 {
+        AttentionConfig::from_params(p).map_or(0.0, |c| {
+            let full = 4.0 * (c.batch * c.heads * c.q_len * c.kv_len * c.head_dim) as f64;
+            if c.causal { full / 2.0 } else { full }
+        })
+    }
+}
+
+/// FlashAttention backward: `(q, k, v, do) -> (dq, dk, dv)`; runs the forward for `o`
+/// and `lse`, then the delta, dq and dk/dv kernels.
+pub struct FlashAttentionBwd;
+
+impl LibraryKernel for FlashAttentionBwd {
+    fn name(&self) -> &'static str {
+        "flash_attention_bwd"
+    }
+    fn summary(&self) -> &'static str {
+        "gradients (dq, dk, dv) of flash_attention for an output gradient do"
+    }
+    fn params(&self) -> &'static [ParamDef] {
+        PARAMS
+    }
+    fn build(&self, p: &Params) -> Result<Vec<Kernel>, BoxError> {
+        let c = AttentionConfig::from_params(p)?;
+        Ok(vec![c.forward()?, c.backward_delta()?, c.backward_dq()?, c.backward_dkdv()?])
+    }
+    fn inputs(&self, p: &Params, seed: u64) -> Result<Vec<Array>, BoxError> {
+        let c = AttentionConfig::from_params(p)?;
+        let mut v = c.qkv(seed)?;
+        v.push(random_array(c.dtype, &c.q_type().shape, seed + 3, 1.0)?);
+        Ok(v)
+    }
+    fn run(&self, p: &Params, inputs: &[Array], exec: &mut Exec) -> Result<Vec<Array>, BoxError> {
+        let c = AttentionConfig::from_params(p)?;
+        let [q, k, v, d_o] = inputs else {
+            return Err(format!("flash_attention_bwd takes (q, k, v, do), got {} inputs", inputs.len()).into());
+        };
+        let fwd = exec(&c.forward()?, &[q.clone(), k.clone(), v.clone()])?;
+        let (o, lse) = (&fwd[0], &fwd[1]);
+        let delta = exec(&c.backward_delta()?, &[o.clone(), d_o.clone()])?.remove(0);
+        let grads_in = [q.clone(), k.clone(), v.clone(), d_o.clone(), lse.clone(), delta];
+        let dq = exec(&c.backward_dq()?, &grads_in)?.remove(0);
+        let mut dkdv = exec(&c.backward_dkdv()?, &grads_in)?;
+        let dv = dkdv.remove(1);
+        let dk = dkdv.remove(0);
+        Ok(vec![dq, dk, dv])
+    }
+    fn reference(&self, p: &Params, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
+        let c = AttentionConfig::from_params(p)?;
+        let f: Vec<Vec<f64>> = inputs.iter().map(Array::to_f64).collect();
+        Ok(reference_backward(&c, &f[0], &f[1], &f[2], &f[3]).to_vec())
+    }
+    fn tolerance(&self, p: &Params) -> Tolerance {
+        match AttentionConfig::from_params(p) {
+            Ok(c) if c.dtype == DType::BF16 => Tolerance { abs: 6e-2, rel: 5e-2 },
+            Ok(c) => tolerance_for(DType::F32, c.q_len.max(c.kv_len) * c.head_dim),
+            Err(_) => tolerance_for(DType::F32, 1),
+        }
+    }
+    fn flops(&self, p: &Params) -> f64 {
+        FlashAttention.flops(p) * 3.5
+    }
+}

@@ -1,0 +1,85 @@
+//! Shared pieces: random inputs, dtype tolerances, and kernel helpers for masking the
+//! ragged last block of an array.
+
+use kernel_ir::dsl::prelude::*;
+use kernel_ir::Array;
+use kernel_macros::kernel_fn;
+use rand::{Rng, SeedableRng};
+
+use crate::{BoxError, Tolerance};
+
+/// Uniform random values in `[-scale, scale)`, rounded to `dtype`.
+pub fn random_array(dtype: DType, shape: &[u64], seed: u64, scale: f32) -> Result<Array, BoxError> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let n: u64 = shape.iter().product();
+    let data = (0..n).map(|_| rng.gen_range(-scale..scale)).collect();
+    Ok(Array::from_f32(dtype, shape.to_vec(), data)?)
+}
+
+/// Tolerance for results computed from `dtype` inputs with f32 accumulation over
+/// `reduction` terms: f32 rounding grows with the reduction; bf16/f16 results are
+/// rounded to 8/11 mantissa bits.
+pub fn tolerance_for(dtype: DType, reduction: u64) -> Tolerance {
+    let r = (reduction.max(1) as f64).sqrt();
+    match dtype {
+        DType::BF16 => Tolerance { abs: 2e-2 * r.max(1.0).min(4.0), rel: 1.6e-2 },
+        DType::F16 => Tolerance { abs: 4e-3 * r.max(1.0).min(4.0), rel: 2e-3 },
+        _ => Tolerance { abs: 2e-5 * r, rel: 1e-5 },
+    }
+}
+
+/// Block size along a dim of `n`: `preferred`, or the whole dim if it is smaller.
+pub fn block(n: u64, preferred: u64) -> u64 {
+    preferred.min(n)
+}
+
+/// `index_map` helpers.
+pub fn pid(i: &[IndexExpr], axis: usize) -> IndexExpr {
+    i[axis].clone()
+}
+
+/// A zero block index.
+pub fn zero() -> IndexExpr {
+    IndexExpr::Const(0)
+}
+
+/// Mask of a `[rows, cols]` block whose first row is `row0`: true where the row is
+/// below `limit` (the array's row count).
+#[kernel_fn]
+pub fn rows_below(rows: u64, cols: u64, row0: Tensor, limit: u64) -> Tensor {
+    (iota([rows, cols], 0) + row0).lt(limit)
+}
+
+/// Mask of a `[rows, cols]` block whose first column is `col0`: true where the column
+/// is below `limit`.
+#[kernel_fn]
+pub fn cols_below(rows: u64, cols: u64, col0: Tensor, limit: u64) -> Tensor {
+    (iota([rows, cols], 1) + col0).lt(limit)
+}
+
+/// Loads a `[rows, cols]` tile whose top-left element is `(row0, col0)` of an
+/// `[nrows, ncols]` array; lanes past the array's edge read zero.
+#[kernel_fn]
+pub fn load_tile(r: Ref, rows: u64, cols: u64, row0: Tensor, col0: Tensor, nrows: u64, ncols: u64) -> Tensor {
+    let ragged_rows = nrows % rows != 0;
+    let ragged_cols = ncols % cols != 0;
+    if ragged_rows || ragged_cols {
+        let mask = rows_below(rows, cols, row0, nrows) & cols_below(rows, cols, col0, ncols);
+        r.load_masked(s![.., ..], mask, 0.0)
+    } else {
+        r.read()
+    }
+}
+
+/// Stores a tile, leaving lanes past the array's edge untouched.
+#[kernel_fn]
+pub fn store_tile(r: Ref, value: Tensor, rows: u64, cols: u64, row0: Tensor, col0: Tensor, nrows: u64, ncols: u64) {
+    let ragged_rows = nrows % rows != 0;
+    let ragged_cols = ncols % cols != 0;
+    if ragged_rows || ragged_cols {
+        let mask = rows_below(rows, cols, row0, nrows) & cols_below(rows, cols, col0, ncols);
+        r.store_masked(s![.., ..], value, mask);
+    } else {
+        r.write(value);
+    }
+}

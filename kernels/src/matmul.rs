@@ -1,0 +1,133 @@
+//! Tiled matmul: a `(M/bm, N/bn, K/bk)` grid whose K axis is `arbitrary` and accumulates
+//! into an f32 scratch tile; ragged edges are masked.
+
+use kernel_ir::dsl::prelude::*;
+use kernel_ir::{Array, DimSemantics};
+use kernel_macros::kernel;
+
+use crate::common::{block, load_tile, pid, random_array, store_tile, tolerance_for};
+use crate::{BoxError, LibraryKernel, ParamDef, Params, Tolerance};
+
+/// Shapes and block sizes of a matmul (block sizes already clamped to the shapes).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MatmulConfig {
+    /// Rows of x and o.
+    pub m: u64,
+    /// Columns of x, rows of y.
+    pub k: u64,
+    /// Columns of y and o.
+    pub n: u64,
+    /// Block rows.
+    pub bm: u64,
+    /// Block depth.
+    pub bk: u64,
+    /// Block columns.
+    pub bn: u64,
+    /// Input and output dtype (accumulation is f32).
+    pub dtype: DType,
+}
+
+/// `o = x @ y` for one `(i, j, k)` program.
+#[kernel]
+fn matmul(x: Ref, y: Ref, o: Ref, acc: Ref, #[comptime] c: MatmulConfig) {
+    let (i, j, k) = (program_id(0), program_id(1), program_id(2));
+    if k == 0 {
+        acc.write(zeros([c.bm, c.bn], DType::F32));
+    }
+    let a = load_tile(x, c.bm, c.bk, i * c.bm, k * c.bk, c.m, c.k);
+    let b = load_tile(y, c.bk, c.bn, k * c.bk, j * c.bn, c.k, c.n);
+    acc.write(acc.read() + a.dot(b));
+    if k == num_programs(2) - 1 {
+        let out = acc.read().cast(c.dtype);
+        store_tile(o, out, c.bm, c.bn, i * c.bm, j * c.bn, c.m, c.n);
+    }
+}
+
+impl MatmulConfig {
+    /// Reads `m, k, n, bm, bk, bn, dtype`.
+    pub fn from_params(p: &Params) -> Result<Self, BoxError> {
+        let (m, k, n) = (p.dim("m")?, p.dim("k")?, p.dim("n")?);
+        Ok(MatmulConfig {
+            m,
+            k,
+            n,
+            bm: block(m, p.dim("bm")?),
+            bk: block(k, p.dim("bk")?),
+            bn: block(n, p.dim("bn")?),
+            dtype: p.dtype("dtype", &[DType::F32, DType::BF16, DType::F16])?,
+        })
+    }
+
+    /// The kernel for this configuration.
+    pub fn kernel(self) -> Result<Kernel, BoxError> {
+        let c = self;
+        Ok(pallas_call(move |x, y, o, acc| matmul(x, y, o, acc, c))
+            .grid([c.m.div_ceil(c.bm), c.n.div_ceil(c.bn), c.k.div_ceil(c.bk)])
+            .dimension_semantics([DimSemantics::Parallel, DimSemantics::Parallel, DimSemantics::Arbitrary])
+            .input(TensorType::new(c.dtype, [c.m, c.k]), block_spec([c.bm, c.bk], |i| vec![pid(i, 0), pid(i, 2)]))
+            .input(TensorType::new(c.dtype, [c.k, c.n]), block_spec([c.bk, c.bn], |i| vec![pid(i, 2), pid(i, 1)]))
+            .output(TensorType::new(c.dtype, [c.m, c.n]), block_spec([c.bm, c.bn], |i| vec![pid(i, 0), pid(i, 1)]))
+            .scratch(TensorType::new(DType::F32, [c.bm, c.bn]))
+            .build()?)
+    }
+}
+
+/// `o[m, n] = x[m, k] @ y[k, n]`.
+pub struct Matmul;
+
+const PARAMS: &[ParamDef] = &[
+    ParamDef { name: "m", default: "256", help: "rows of x" },
+    ParamDef { name: "k", default: "256", help: "columns of x / rows of y" },
+    ParamDef { name: "n", default: "256", help: "columns of y" },
+    ParamDef { name: "bm", default: "128", help: "block rows" },
+    ParamDef { name: "bk", default: "128", help: "block depth" },
+    ParamDef { name: "bn", default: "128", help: "block columns" },
+    ParamDef { name: "dtype", default: "f32", help: "f32, bf16 or f16 (f32 accumulation)" },
+];
+
+/// Plain f64 matmul of row-major arrays.
+pub fn reference_matmul(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
+    let mut c = vec![0.0; m * n];
+    for i in 0..m {
+        for p in 0..k {
+            let aip = a[i * k + p];
+            for j in 0..n {
+                c[i * n + j] += aip * b[p * n + j];
+            }
+        }
+    }
+    c
+}
+
+impl LibraryKernel for Matmul {
+    fn name(&self) -> &'static str {
+        "matmul"
+    }
+    fn summary(&self) -> &'static str {
+        "o = x @ y, tiled, f32 accumulation"
+    }
+    fn params(&self) -> &'static [ParamDef] {
+        PARAMS
+    }
+    fn build(&self, p: &Params) -> Result<Vec<Kernel>, BoxError> {
+        Ok(vec![MatmulConfig::from_params(p)?.kernel()?])
+    }
+    fn inputs(&self, p: &Params, seed: u64) -> Result<Vec<Array>, BoxError> {
+        let c = MatmulConfig::from_params(p)?;
+        Ok(vec![
+            random_array(c.dtype, &[c.m, c.k], seed, 1.0)?,
+            random_array(c.dtype, &[c.k, c.n], seed + 1, 1.0)?,
+        ])
+    }
+    fn reference(&self, p: &Params, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
+        let c = MatmulConfig::from_params(p)?;
+        let (a, b) = (inputs[0].to_f64(), inputs[1].to_f64());
+        Ok(vec![reference_matmul(&a, &b, c.m as usize, c.k as usize, c.n as usize)])
+    }
+    fn tolerance(&self, p: &Params) -> Tolerance {
+        MatmulConfig::from_params(p).map_or(tolerance_for(DType::F32, 1), |c| tolerance_for(c.dtype, c.k))
+    }
+    fn flops(&self, p: &Params) -> f64 {
+        MatmulConfig::from_params(p).map_or(0.0, |c| 2.0 * (c.m * c.k * c.n) as f64)
+    }
+}

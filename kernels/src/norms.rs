@@ -1,0 +1,169 @@
+//! RMSNorm and LayerNorm over the last axis, one block of rows per program.
+
+use kernel_ir::dsl::prelude::*;
+use kernel_ir::Array;
+use kernel_macros::kernel;
+
+use crate::common::{block, load_tile, pid, random_array, store_tile, tolerance_for, zero};
+use crate::softmax::ROW_PARAMS;
+use crate::{BoxError, LibraryKernel, ParamDef, Params, Tolerance};
+
+/// Shape, blocking and epsilon of a norm.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NormConfig {
+    /// Rows.
+    pub rows: u64,
+    /// Columns (normalised over).
+    pub cols: u64,
+    /// Rows per block (clamped to `rows`).
+    pub block_rows: u64,
+    /// Element type; math is f32.
+    pub dtype: DType,
+    /// Added to the variance.
+    pub eps: f64,
+}
+
+/// `o = x / sqrt(mean(x^2) + eps) * w`.
+#[kernel]
+fn rms_norm(x: Ref, w: Ref, o: Ref, #[comptime] c: NormConfig) {
+    let row0 = program_id(0) * c.block_rows;
+    let v = load_tile(x, c.block_rows, c.cols, row0, index(0), c.rows, c.cols).cast(DType::F32);
+    let inv = ((v * v).sum_keepdims(1) / c.cols as f64 + c.eps).rsqrt();
+    let y = v * inv * w.read().cast(DType::F32);
+    store_tile(o, y.cast(c.dtype), c.block_rows, c.cols, row0, index(0), c.rows, c.cols);
+}
+
+/// `o = (x - mean) / sqrt(var + eps) * w + b`.
+#[kernel]
+fn layer_norm(x: Ref, w: Ref, b: Ref, o: Ref, #[comptime] c: NormConfig) {
+    let row0 = program_id(0) * c.block_rows;
+    let v = load_tile(x, c.block_rows, c.cols, row0, index(0), c.rows, c.cols).cast(DType::F32);
+    let centered = v - v.sum_keepdims(1) / c.cols as f64;
+    let var = (centered * centered).sum_keepdims(1) / c.cols as f64;
+    let y = centered * (var + c.eps).rsqrt() * w.read().cast(DType::F32) + b.read().cast(DType::F32);
+    store_tile(o, y.cast(c.dtype), c.block_rows, c.cols, row0, index(0), c.rows, c.cols);
+}
+
+const NORM_PARAMS: &[ParamDef] = &[
+    ROW_PARAMS[0],
+    ROW_PARAMS[1],
+    ROW_PARAMS[2],
+    ROW_PARAMS[3],
+    ParamDef { name: "eps", default: "1e-5", help: "added to the variance" },
+];
+
+impl NormConfig {
+    /// Reads `rows, cols, block_rows, dtype, eps`.
+    pub fn from_params(p: &Params) -> Result<Self, BoxError> {
+        let rows = p.dim("rows")?;
+        Ok(NormConfig {
+            rows,
+            cols: p.dim("cols")?,
+            block_rows: block(rows, p.dim("block_rows")?),
+            dtype: p.dtype("dtype", &[DType::F32, DType::BF16, DType::F16])?,
+            eps: p.float_opt("eps")?.unwrap_or(1e-5),
+        })
+    }
+
+    fn call<A, F: kernel_ir::dsl::KernelBody<A>>(self, body: F, vectors: usize) -> Result<Kernel, BoxError> {
+        let c = self;
+        let ty = TensorType::new(c.dtype, [c.rows, c.cols]);
+        let mut call = pallas_call(body)
+            .grid([c.rows.div_ceil(c.block_rows)])
+            .input(ty.clone(), block_spec([c.block_rows, c.cols], |i| vec![pid(i, 0), zero()]));
+        for _ in 0..vectors {
+            call = call.input(TensorType::new(c.dtype, [c.cols]), block_spec([c.cols], |_| vec![zero()]));
+        }
+        Ok(call
+            .output(ty, block_spec([c.block_rows, c.cols], |i| vec![pid(i, 0), zero()]))
+            .build()?)
+    }
+
+    fn inputs(self, vectors: usize, seed: u64) -> Result<Vec<Array>, BoxError> {
+        let mut out = vec![random_array(self.dtype, &[self.rows, self.cols], seed, 2.0)?];
+        for v in 0..vectors {
+            out.push(random_array(self.dtype, &[self.cols], seed + 1 + v as u64, 1.0)?);
+        }
+        Ok(out)
+    }
+}
+
+/// Reference norm: `scale_shift(row, normalised row) -> output row`.
+fn reference_norm(inputs: &[Array], c: NormConfig, center: bool) -> Vec<f64> {
+    let x = inputs[0].to_f64();
+    let w = inputs[1].to_f64();
+    let b = inputs.get(2).map(Array::to_f64);
+    let n = c.cols as f64;
+    let mut out = Vec::with_capacity(x.len());
+    for row in x.chunks(c.cols as usize) {
+        let mean = if center { row.iter().sum::<f64>() / n } else { 0.0 };
+        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
+        let inv = 1.0 / (var + c.eps).sqrt();
+        for (j, v) in row.iter().enumerate() {
+            out.push((v - mean) * inv * w[j] + b.as_ref().map_or(0.0, |b| b[j]));
+        }
+    }
+    out
+}
+
+/// RMSNorm with a learned scale.
+pub struct RmsNorm;
+
+impl LibraryKernel for RmsNorm {
+    fn name(&self) -> &'static str {
+        "rms_norm"
+    }
+    fn summary(&self) -> &'static str {
+        "x / sqrt(mean(x^2) + eps) * w over the last axis"
+    }
+    fn params(&self) -> &'static [ParamDef] {
+        NORM_PARAMS
+    }
+    fn build(&self, p: &Params) -> Result<Vec<Kernel>, BoxError> {
+        let c = NormConfig::from_params(p)?;
+        Ok(vec![c.call(move |x, w, o| rms_norm(x, w, o, c), 1)?])
+    }
+    fn inputs(&self, p: &Params, seed: u64) -> Result<Vec<Array>, BoxError> {
+        NormConfig::from_params(p)?.inputs(1, seed)
+    }
+    fn reference(&self, p: &Params, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
+        Ok(vec![reference_norm(inputs, NormConfig::from_params(p)?, false)])
+    }
+    fn tolerance(&self, p: &Params) -> Tolerance {
+        NormConfig::from_params(p).map_or(tolerance_for(DType::F32, 1), |c| tolerance_for(c.dtype, 4))
+    }
+    fn flops(&self, p: &Params) -> f64 {
+        NormConfig::from_params(p).map_or(0.0, |c| 4.0 * (c.rows * c.cols) as f64)
+    }
+}
+
+/// LayerNorm with a learned scale and shift.
+pub struct LayerNorm;
+
+impl LibraryKernel for LayerNorm {
+    fn name(&self) -> &'static str {
+        "layer_norm"
+    }
+    fn summary(&self) -> &'static str {
+        "(x - mean) / sqrt(var + eps) * w + b over the last axis"
+    }
+    fn params(&self) -> &'static [ParamDef] {
+        NORM_PARAMS
+    }
+    fn build(&self, p: &Params) -> Result<Vec<Kernel>, BoxError> {
+        let c = NormConfig::from_params(p)?;
+        Ok(vec![c.call(move |x, w, b, o| layer_norm(x, w, b, o, c), 2)?])
+    }
+    fn inputs(&self, p: &Params, seed: u64) -> Result<Vec<Array>, BoxError> {
+        NormConfig::from_params(p)?.inputs(2, seed)
+    }
+    fn reference(&self, p: &Params, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
+        Ok(vec![reference_norm(inputs, NormConfig::from_params(p)?, true)])
+    }
+    fn tolerance(&self, p: &Params) -> Tolerance {
+        NormConfig::from_params(p).map_or(tolerance_for(DType::F32, 1), |c| tolerance_for(c.dtype, 4))
+    }
+    fn flops(&self, p: &Params) -> f64 {
+        NormConfig::from_params(p).map_or(0.0, |c| 7.0 * (c.rows * c.cols) as f64)
+    }
+}

@@ -1,0 +1,163 @@
+//! Rotary position embedding in the Llama ("rotate half") layout:
+//! `o = x * cos + rotate_half(x) * sin`, `rotate_half([x1, x2]) = [-x2, x1]`.
+
+use kernel_ir::dsl::prelude::*;
+use kernel_ir::Array;
+use kernel_macros::{kernel, kernel_fn};
+
+use crate::common::{block, pid, random_array, rows_below, tolerance_for, zero};
+use crate::{BoxError, LibraryKernel, ParamDef, Params, Tolerance};
+
+/// Shapes of a RoPE call: x is `[batch, heads, seq, head_dim]`, cos/sin `[seq, head_dim]`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeConfig {
+    /// Batch.
+    pub batch: u64,
+    /// Heads.
+    pub heads: u64,
+    /// Sequence length.
+    pub seq: u64,
+    /// Head dim (even).
+    pub head_dim: u64,
+    /// Positions per block (clamped).
+    pub block_seq: u64,
+    /// Element type; math is f32.
+    pub dtype: DType,
+}
+
+/// Loads columns `[col0, col0 + cols)` of a `[rows, *]` block, masking rows past `limit`.
+#[kernel_fn]
+fn load_half(r: Ref, rows: u64, col0: u64, cols: u64, row0: Tensor, limit: u64) -> Tensor {
+    if limit % rows != 0 {
+        r.load_masked(s![.., ds(col0, cols)], rows_below(rows, cols, row0, limit), 0.0).cast(DType::F32)
+    } else {
+        r.load(s![.., ds(col0, cols)]).cast(DType::F32)
+    }
+}
+
+/// Stores columns `[col0, col0 + cols)`, skipping rows past `limit`.
+#[kernel_fn]
+fn store_half(r: Ref, v: Tensor, rows: u64, col0: u64, cols: u64, row0: Tensor, limit: u64) {
+    if limit % rows != 0 {
+        r.store_masked(s![.., ds(col0, cols)], v, rows_below(rows, cols, row0, limit));
+    } else {
+        r.store(s![.., ds(col0, cols)], v);
+    }
+}
+
+#[kernel]
+fn rope(x: Ref, cos: Ref, sin: Ref, o: Ref, #[comptime] c: RopeConfig) {
+    let (bs, half) = (c.block_seq, c.head_dim / 2);
+    let row0 = program_id(2) * bs;
+    let x1 = load_half(x, bs, 0, half, row0, c.seq);
+    let x2 = load_half(x, bs, half, half, row0, c.seq);
+    let (c1, c2) = (load_half(cos, bs, 0, half, row0, c.seq), load_half(cos, bs, half, half, row0, c.seq));
+    let (s1, s2) = (load_half(sin, bs, 0, half, row0, c.seq), load_half(sin, bs, half, half, row0, c.seq));
+    store_half(o, (x1 * c1 - x2 * s1).cast(c.dtype), bs, 0, half, row0, c.seq);
+    store_half(o, (x2 * c2 + x1 * s2).cast(c.dtype), bs, half, half, row0, c.seq);
+}
+
+impl RopeConfig {
+    /// Reads `batch, heads, seq, head_dim, block_seq, dtype`.
+    pub fn from_params(p: &Params) -> Result<Self, BoxError> {
+        let seq = p.dim("seq")?;
+        let head_dim = p.dim("head_dim")?;
+        if head_dim % 2 != 0 {
+            return Err(format!("`head_dim` must be even for RoPE, got {head_dim}").into());
+        }
+        Ok(RopeConfig {
+            batch: p.dim("batch")?,
+            heads: p.dim("heads")?,
+            seq,
+            head_dim,
+            block_seq: block(seq, p.dim("block_seq")?),
+            dtype: p.dtype("dtype", &[DType::F32, DType::BF16, DType::F16])?,
+        })
+    }
+
+    /// The kernel for this configuration.
+    pub fn kernel(self) -> Result<Kernel, BoxError> {
+        let c = self;
+        let x_ty = TensorType::new(c.dtype, [c.batch, c.heads, c.seq, c.head_dim]);
+        let table = TensorType::new(c.dtype, [c.seq, c.head_dim]);
+        let x_spec = || {
+            block_spec([None, None, Some(c.block_seq), Some(c.head_dim)], |i| {
+                vec![pid(i, 0), pid(i, 1), pid(i, 2), zero()]
+            })
+        };
+        let t_spec = || block_spec([c.block_seq, c.head_dim], |i| vec![pid(i, 2), zero()]);
+        Ok(pallas_call(move |x, cos, sin, o| rope(x, cos, sin, o, c))
+            .grid([c.batch, c.heads, c.seq.div_ceil(c.block_seq)])
+            .input(x_ty.clone(), x_spec())
+            .input(table.clone(), t_spec())
+            .input(table, t_spec())
+            .output(x_ty, x_spec())
+            .build()?)
+    }
+}
+
+const PARAMS: &[ParamDef] = &[
+    ParamDef { name: "batch", default: "1", help: "batch" },
+    ParamDef { name: "heads", default: "8", help: "heads" },
+    ParamDef { name: "seq", default: "512", help: "sequence length" },
+    ParamDef { name: "head_dim", default: "64", help: "head dim (even)" },
+    ParamDef { name: "block_seq", default: "128", help: "positions per block" },
+    ParamDef { name: "dtype", default: "f32", help: "f32, bf16 or f16 (f32 math)" },
+];
+
+/// Rotary embedding of `[batch, heads, seq, head_dim]` activations.
+pub struct Rope;
+
+impl LibraryKernel for Rope {
+    fn name(&self) -> &'static str {
+        "rope"
+    }
+    fn summary(&self) -> &'static str {
+        "rotary embedding, Llama rotate-half layout, x: [batch, heads, seq, head_dim]"
+    }
+    fn params(&self) -> &'static [ParamDef] {
+        PARAMS
+    }
+    fn build(&self, p: &Params) -> Result<Vec<Kernel>, BoxError> {
+        Ok(vec![RopeConfig::from_params(p)?.kernel()?])
+    }
+    fn inputs(&self, p: &Params, seed: u64) -> Result<Vec<Array>, BoxError> {
+        let c = RopeConfig::from_params(p)?;
+        // Real rotary tables: position t, frequency 10000^(-2i/d).
+        let (s, d) = (c.seq as usize, c.head_dim as usize);
+        let mut cos = Vec::with_capacity(s * d);
+        let mut sin = Vec::with_capacity(s * d);
+        for t in 0..s {
+            for j in 0..d {
+                let freq = 10000f64.powf(-2.0 * (j % (d / 2)) as f64 / d as f64);
+                cos.push((t as f64 * freq).cos() as f32);
+                sin.push((t as f64 * freq).sin() as f32);
+            }
+        }
+        Ok(vec![
+            random_array(c.dtype, &[c.batch, c.heads, c.seq, c.head_dim], seed, 2.0)?,
+            Array::from_f32(c.dtype, [c.seq, c.head_dim], cos)?,
+            Array::from_f32(c.dtype, [c.seq, c.head_dim], sin)?,
+        ])
+    }
+    fn reference(&self, p: &Params, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
+        let c = RopeConfig::from_params(p)?;
+        let (x, cos, sin) = (inputs[0].to_f64(), inputs[1].to_f64(), inputs[2].to_f64());
+        let (s, d, half) = (c.seq as usize, c.head_dim as usize, c.head_dim as usize / 2);
+        let mut out = vec![0.0; x.len()];
+        for (r, row) in x.chunks(d).enumerate() {
+            let t = r % s;
+            for j in 0..d {
+                let rotated = if j < half { -row[j + half] } else { row[j - half] };
+                out[r * d + j] = row[j] * cos[t * d + j] + rotated * sin[t * d + j];
+            }
+        }
+        Ok(vec![out])
+    }
+    fn tolerance(&self, p: &Params) -> Tolerance {
+        RopeConfig::from_params(p).map_or(tolerance_for(DType::F32, 1), |c| tolerance_for(c.dtype, 2))
+    }
+    fn flops(&self, p: &Params) -> f64 {
+        RopeConfig::from_params(p).map_or(0.0, |c| 3.0 * (c.batch * c.heads * c.seq * c.head_dim) as f64)
+    }
+}

@@ -1,0 +1,102 @@
+//! Row softmax: one block of rows per program, the whole row in the block.
+
+use kernel_ir::dsl::prelude::*;
+use kernel_ir::Array;
+use kernel_macros::kernel;
+
+use crate::common::{block, load_tile, pid, random_array, store_tile, tolerance_for, zero};
+use crate::{BoxError, LibraryKernel, ParamDef, Params, Tolerance};
+
+/// Shape and blocking of a row-wise kernel (softmax, norms).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SoftmaxConfig {
+    /// Rows.
+    pub rows: u64,
+    /// Columns (reduced over).
+    pub cols: u64,
+    /// Rows per block (clamped to `rows`).
+    pub block_rows: u64,
+    /// Element type; math is f32.
+    pub dtype: DType,
+}
+
+/// `o = softmax(x)` over the last axis, numerically stable.
+#[kernel]
+fn softmax(x: Ref, o: Ref, #[comptime] c: SoftmaxConfig) {
+    let row0 = program_id(0) * c.block_rows;
+    let v = load_tile(x, c.block_rows, c.cols, row0, index(0), c.rows, c.cols).cast(DType::F32);
+    let e = (v - v.max_keepdims(1)).exp();
+    let p = e / e.sum_keepdims(1);
+    store_tile(o, p.cast(c.dtype), c.block_rows, c.cols, row0, index(0), c.rows, c.cols);
+}
+
+impl SoftmaxConfig {
+    /// Reads `rows, cols, block_rows, dtype`.
+    pub fn from_params(p: &Params) -> Result<Self, BoxError> {
+        let rows = p.dim("rows")?;
+        Ok(SoftmaxConfig {
+            rows,
+            cols: p.dim("cols")?,
+            block_rows: block(rows, p.dim("block_rows")?),
+            dtype: p.dtype("dtype", &[DType::F32, DType::BF16, DType::F16])?,
+        })
+    }
+
+    /// The kernel for this configuration.
+    pub fn kernel(self) -> Result<Kernel, BoxError> {
+        let c = self;
+        let ty = TensorType::new(c.dtype, [c.rows, c.cols]);
+        Ok(pallas_call(move |x, o| softmax(x, o, c))
+            .grid([c.rows.div_ceil(c.block_rows)])
+            .input(ty.clone(), block_spec([c.block_rows, c.cols], |i| vec![pid(i, 0), zero()]))
+            .output(ty, block_spec([c.block_rows, c.cols], |i| vec![pid(i, 0), zero()]))
+            .build()?)
+    }
+}
+
+/// Row-wise parameters shared by softmax and the norms.
+pub(crate) const ROW_PARAMS: &[ParamDef] = &[
+    ParamDef { name: "rows", default: "512", help: "rows" },
+    ParamDef { name: "cols", default: "1024", help: "columns (the reduced axis)" },
+    ParamDef { name: "block_rows", default: "8", help: "rows per block" },
+    ParamDef { name: "dtype", default: "f32", help: "f32, bf16 or f16 (f32 math)" },
+];
+
+/// `softmax(x)` along the last axis.
+pub struct Softmax;
+
+impl LibraryKernel for Softmax {
+    fn name(&self) -> &'static str {
+        "softmax"
+    }
+    fn summary(&self) -> &'static str {
+        "softmax over the last axis of a [rows, cols] array"
+    }
+    fn params(&self) -> &'static [ParamDef] {
+        ROW_PARAMS
+    }
+    fn build(&self, p: &Params) -> Result<Vec<Kernel>, BoxError> {
+        Ok(vec![SoftmaxConfig::from_params(p)?.kernel()?])
+    }
+    fn inputs(&self, p: &Params, seed: u64) -> Result<Vec<Array>, BoxError> {
+        let c = SoftmaxConfig::from_params(p)?;
+        Ok(vec![random_array(c.dtype, &[c.rows, c.cols], seed, 4.0)?])
+    }
+    fn reference(&self, p: &Params, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
+        let c = SoftmaxConfig::from_params(p)?;
+        let x = inputs[0].to_f64();
+        let mut out = Vec::with_capacity(x.len());
+        for row in x.chunks(c.cols as usize) {
+            let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let s: f64 = row.iter().map(|v| (v - m).exp()).sum();
+            out.extend(row.iter().map(|v| (v - m).exp() / s));
+        }
+        Ok(vec![out])
+    }
+    fn tolerance(&self, p: &Params) -> Tolerance {
+        SoftmaxConfig::from_params(p).map_or(tolerance_for(DType::F32, 1), |c| tolerance_for(c.dtype, 1))
+    }
+    fn flops(&self, p: &Params) -> f64 {
+        SoftmaxConfig::from_params(p).map_or(0.0, |c| 5.0 * (c.rows * c.cols) as f64)
+    }
+}

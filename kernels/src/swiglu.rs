@@ -1,0 +1,104 @@
+//! SwiGLU: `silu(a) * b`, fused, over 2-D tiles.
+
+use kernel_ir::dsl::prelude::*;
+use kernel_ir::Array;
+use kernel_macros::kernel;
+
+use crate::common::{block, load_tile, pid, random_array, store_tile, tolerance_for};
+use crate::{BoxError, LibraryKernel, ParamDef, Params, Tolerance};
+
+/// Shape and tiling of a SwiGLU.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SwigluConfig {
+    /// Rows.
+    pub rows: u64,
+    /// Columns.
+    pub cols: u64,
+    /// Tile rows (clamped).
+    pub block_rows: u64,
+    /// Tile columns (clamped).
+    pub block_cols: u64,
+    /// Element type; math is f32.
+    pub dtype: DType,
+}
+
+/// `o = a * sigmoid(a) * b`.
+#[kernel]
+fn swiglu(a: Ref, b: Ref, o: Ref, #[comptime] c: SwigluConfig) {
+    let (row0, col0) = (program_id(0) * c.block_rows, program_id(1) * c.block_cols);
+    let (br, bc) = (c.block_rows, c.block_cols);
+    let x = load_tile(a, br, bc, row0, col0, c.rows, c.cols).cast(DType::F32);
+    let g = load_tile(b, br, bc, row0, col0, c.rows, c.cols).cast(DType::F32);
+    let y = x * x.sigmoid() * g;
+    store_tile(o, y.cast(c.dtype), br, bc, row0, col0, c.rows, c.cols);
+}
+
+impl SwigluConfig {
+    /// Reads `rows, cols, block_rows, block_cols, dtype`.
+    pub fn from_params(p: &Params) -> Result<Self, BoxError> {
+        let (rows, cols) = (p.dim("rows")?, p.dim("cols")?);
+        Ok(SwigluConfig {
+            rows,
+            cols,
+            block_rows: block(rows, p.dim("block_rows")?),
+            block_cols: block(cols, p.dim("block_cols")?),
+            dtype: p.dtype("dtype", &[DType::F32, DType::BF16, DType::F16])?,
+        })
+    }
+
+    /// The kernel for this configuration.
+    pub fn kernel(self) -> Result<Kernel, BoxError> {
+        let c = self;
+        let ty = TensorType::new(c.dtype, [c.rows, c.cols]);
+        let spec = || block_spec([c.block_rows, c.block_cols], |i| vec![pid(i, 0), pid(i, 1)]);
+        Ok(pallas_call(move |a, b, o| swiglu(a, b, o, c))
+            .grid([c.rows.div_ceil(c.block_rows), c.cols.div_ceil(c.block_cols)])
+            .input(ty.clone(), spec())
+            .input(ty.clone(), spec())
+            .output(ty, spec())
+            .build()?)
+    }
+}
+
+const PARAMS: &[ParamDef] = &[
+    ParamDef { name: "rows", default: "512", help: "rows" },
+    ParamDef { name: "cols", default: "1024", help: "columns" },
+    ParamDef { name: "block_rows", default: "8", help: "tile rows" },
+    ParamDef { name: "block_cols", default: "512", help: "tile columns" },
+    ParamDef { name: "dtype", default: "f32", help: "f32, bf16 or f16 (f32 math)" },
+];
+
+/// Fused `silu(a) * b`.
+pub struct Swiglu;
+
+impl LibraryKernel for Swiglu {
+    fn name(&self) -> &'static str {
+        "swiglu"
+    }
+    fn summary(&self) -> &'static str {
+        "silu(a) * b, element-wise"
+    }
+    fn params(&self) -> &'static [ParamDef] {
+        PARAMS
+    }
+    fn build(&self, p: &Params) -> Result<Vec<Kernel>, BoxError> {
+        Ok(vec![SwigluConfig::from_params(p)?.kernel()?])
+    }
+    fn inputs(&self, p: &Params, seed: u64) -> Result<Vec<Array>, BoxError> {
+        let c = SwigluConfig::from_params(p)?;
+        Ok(vec![
+            random_array(c.dtype, &[c.rows, c.cols], seed, 4.0)?,
+            random_array(c.dtype, &[c.rows, c.cols], seed + 1, 2.0)?,
+        ])
+    }
+    fn reference(&self, _p: &Params, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
+        let (a, b) = (inputs[0].to_f64(), inputs[1].to_f64());
+        Ok(vec![a.iter().zip(&b).map(|(x, g)| x / (1.0 + (-x).exp()) * g).collect()])
+    }
+    fn tolerance(&self, p: &Params) -> Tolerance {
+        SwigluConfig::from_params(p).map_or(tolerance_for(DType::F32, 1), |c| tolerance_for(c.dtype, 1))
+    }
+    fn flops(&self, p: &Params) -> f64 {
+        SwigluConfig::from_params(p).map_or(0.0, |c| 5.0 * (c.rows * c.cols) as f64)
+    }
+}
