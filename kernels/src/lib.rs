@@ -13,7 +13,7 @@ mod swiglu;
 
 use kernel_ir::{Array, Kernel};
 
-pub use attention::{AttentionConfig, FlashAttention, FlashAttentionBwd};
+pub use attention::{reference_backward, reference_forward, AttentionConfig, FlashAttention, FlashAttentionBwd};
 pub use matmul::{Matmul, MatmulConfig};
 pub use norms::{LayerNorm, NormConfig, RmsNorm};
 pub use params::{ParamDef, ParamError, Params};

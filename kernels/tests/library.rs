@@ -1,7 +1,7 @@
 //! Every library kernel against its plain reference, through the interpreter.
 
 use kernel_ir::{interpret, print_kernel, parse_kernel, InterpretOptions};
-use kernels::{all, check, find, BoxError, LibraryKernel, Params};
+use kernels::{all, check, compare, find, BoxError, Params, Tolerance};
 use kernel_ir::{Array, Kernel};
 
 fn interp(k: &Kernel, inputs: &[Array]) -> Result<Vec<Array>, BoxError> {
@@ -36,4 +36,28 @@ fn every_kernel_round_trips_through_text() {
             assert_eq!(print_kernel(&parsed), text);
         }
     }
+}
+
+#[test]
+fn compare_catches_errors_and_nans() {
+    let got = vec![Array::from_f32(kernel_ir::DType::F32, [3], vec![1.0, 2.0, f32::NAN]).unwrap()];
+    let tol = Tolerance { abs: 1e-3, rel: 0.0 };
+    assert!(compare(&got, &[vec![1.0, 2.0, 3.0]], tol).first_bad.is_some_and(|b| b.1 == 2));
+    let got = vec![Array::from_f32(kernel_ir::DType::F32, [2], vec![1.0, 2.01]).unwrap()];
+    let c = compare(&got, &[vec![1.0, 2.0]], tol);
+    assert!(!c.ok() && (c.max_abs_err - 0.01).abs() < 1e-6);
+    assert!(compare(&got, &[vec![1.0, 2.0]], Tolerance { abs: 0.02, rel: 0.0 }).ok());
+}
+
+#[test]
+fn bad_parameters_are_reported() {
+    let k = find("flash_attention").unwrap();
+    let e = Params::parse(k.params(), &["q_len=0".into()]).unwrap();
+    assert!(k.build(&e).unwrap_err().to_string().contains("`q_len` must be a positive integer"));
+    let e = Params::parse(k.params(), &["heads=3,kv_heads=2".into()]).unwrap();
+    assert!(k.build(&e).unwrap_err().to_string().contains("multiple of `kv_heads`"));
+    let e = Params::parse(k.params(), &["qlen=4".into()]).unwrap_err();
+    assert!(e.to_string().contains("unknown parameter `qlen`; known: batch"), "{e}");
+    let e = Params::parse(k.params(), &["dtype=f16".into()]).unwrap();
+    assert!(k.build(&e).unwrap_err().to_string().contains("`dtype` must be one of f32, bf16"));
 }

@@ -1,0 +1,135 @@
+//! Property tests: every kernel over many random shapes (odd sizes, ragged last blocks,
+//! single rows, one block) and dtypes, against its reference, through the interpreter
+//! with uninitialised memory poisoned.
+
+use kernel_ir::{interpret, Array, InterpretOptions, Kernel};
+use kernels::{check, find, BoxError, Params};
+use proptest::prelude::*;
+
+fn interp(k: &Kernel, inputs: &[Array]) -> Result<Vec<Array>, BoxError> {
+    Ok(interpret(k, inputs, &InterpretOptions { poison_uninitialized: true, threads: 0 })?)
+}
+
+fn check_params(name: &str, pairs: &[(&str, String)], seed: u64) -> Result<(), TestCaseError> {
+    let k = find(name).unwrap();
+    let pairs: Vec<(&str, &str)> = pairs.iter().map(|(a, b)| (*a, b.as_str())).collect();
+    let p = Params::with(k.params(), &pairs).unwrap();
+    let c = check(k, &p, seed, &mut interp).map_err(|e| TestCaseError::fail(format!("{name} {p}: {e}")))?;
+    prop_assert!(c.ok(), "{} {}: {:?}", name, p, c);
+    Ok(())
+}
+
+fn dims() -> impl Strategy<Value = u64> {
+    prop_oneof![1u64..=3, 4u64..=40, Just(64u64), Just(128u64)]
+}
+
+fn float_dtype() -> impl Strategy<Value = &'static str> {
+    prop_oneof![Just("f32"), Just("bf16"), Just("f16")]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn matmul(m in dims(), k in dims(), n in dims(), bm in 1u64..=48, bk in 1u64..=48, bn in 1u64..=48,
+              dtype in float_dtype(), seed in 0u64..1000) {
+        check_params("matmul", &[("m", m.to_string()), ("k", k.to_string()), ("n", n.to_string()),
+            ("bm", bm.to_string()), ("bk", bk.to_string()), ("bn", bn.to_string()), ("dtype", dtype.into())], seed)?;
+    }
+
+    #[test]
+    fn softmax(rows in dims(), cols in dims(), block_rows in 1u64..=16, dtype in float_dtype(), seed in 0u64..1000) {
+        check_params("softmax", &[("rows", rows.to_string()), ("cols", cols.to_string()),
+            ("block_rows", block_rows.to_string()), ("dtype", dtype.into())], seed)?;
+    }
+
+    #[test]
+    fn rms_norm(rows in dims(), cols in dims(), block_rows in 1u64..=16, dtype in float_dtype(), seed in 0u64..1000) {
+        check_params("rms_norm", &[("rows", rows.to_string()), ("cols", cols.to_string()),
+            ("block_rows", block_rows.to_string()), ("dtype", dtype.into())], seed)?;
+    }
+
+    #[test]
+    fn layer_norm(rows in dims(), cols in 2u64..=130, block_rows in 1u64..=16, dtype in float_dtype(), seed in 0u64..1000) {
+        check_params("layer_norm", &[("rows", rows.to_string()), ("cols", cols.to_string()),
+            ("block_rows", block_rows.to_string()), ("dtype", dtype.into())], seed)?;
+    }
+
+    #[test]
+    fn swiglu(rows in dims(), cols in dims(), br in 1u64..=16, bc in 1u64..=64, dtype in float_dtype(), seed in 0u64..1000) {
+        check_params("swiglu", &[("rows", rows.to_string()), ("cols", cols.to_string()),
+            ("block_rows", br.to_string()), ("block_cols", bc.to_string()), ("dtype", dtype.into())], seed)?;
+    }
+
+    #[test]
+    fn rope(batch in 1u64..=2, heads in 1u64..=3, seq in dims(), half in 1u64..=32, bs in 1u64..=64,
+            dtype in float_dtype(), seed in 0u64..1000) {
+        check_params("rope", &[("batch", batch.to_string()), ("heads", heads.to_string()), ("seq", seq.to_string()),
+            ("head_dim", (2 * half).to_string()), ("block_seq", bs.to_string()), ("dtype", dtype.into())], seed)?;
+    }
+}
+
+fn attention_case() -> impl Strategy<Value = Vec<(&'static str, String)>> {
+    (
+        1u64..=2,
+        prop_oneof![Just((1u64, 1u64)), Just((2, 1)), Just((4, 2)), Just((3, 3)), Just((4, 1))],
+        prop_oneof![Just(1u64), 2u64..=9, 10u64..=70, Just(64u64)],
+        prop_oneof![Just(1u64), 2u64..=9, 10u64..=70, Just(64u64)],
+        prop_oneof![Just(32u64), Just(40), Just(64), Just(8)],
+        prop_oneof![Just(8u64), Just(16), Just(32), Just(64)],
+        prop_oneof![Just(8u64), Just(16), Just(32), Just(64)],
+        any::<bool>(),
+        prop_oneof![Just("f32"), Just("bf16")],
+        prop_oneof![Just("none".to_string()), Just("0.3".to_string())],
+    )
+        .prop_map(|(batch, (heads, kv_heads), q_len, kv_len, head_dim, bq, bk, causal, dtype, scale)| {
+            vec![
+                ("batch", batch.to_string()),
+                ("heads", heads.to_string()),
+                ("kv_heads", kv_heads.to_string()),
+                ("q_len", q_len.to_string()),
+                ("kv_len", kv_len.to_string()),
+                ("head_dim", head_dim.to_string()),
+                ("block_q", bq.to_string()),
+                ("block_k", bk.to_string()),
+                ("causal", causal.to_string()),
+                ("dtype", dtype.to_string()),
+                ("scale", scale),
+            ]
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    #[test]
+    fn flash_attention_forward(case in attention_case(), seed in 0u64..1000) {
+        check_params("flash_attention", &case, seed)?;
+    }
+
+    #[test]
+    fn flash_attention_backward(case in attention_case(), seed in 0u64..1000) {
+        check_params("flash_attention_bwd", &case, seed)?;
+    }
+}
+
+/// Edge cases named in the spec, checked explicitly on both passes.
+#[test]
+fn attention_edge_cases() {
+    let cases: &[&[(&str, &str)]] = &[
+        &[("q_len", "1"), ("kv_len", "1")],
+        &[("q_len", "1"), ("kv_len", "77"), ("causal", "true")],
+        &[("q_len", "64"), ("kv_len", "64"), ("block_q", "64"), ("block_k", "64")],
+        &[("q_len", "100"), ("kv_len", "37"), ("causal", "true"), ("block_q", "32"), ("block_k", "16")],
+        &[("q_len", "37"), ("kv_len", "100"), ("causal", "true"), ("block_q", "16"), ("block_k", "32")],
+        &[("heads", "8"), ("kv_heads", "1"), ("q_len", "33"), ("kv_len", "65"), ("block_q", "16"), ("block_k", "32")],
+        &[("head_dim", "256"), ("q_len", "40"), ("kv_len", "48"), ("block_q", "16"), ("block_k", "16"), ("heads", "2"), ("kv_heads", "2")],
+        &[("head_dim", "128"), ("q_len", "50"), ("kv_len", "50"), ("dtype", "bf16"), ("causal", "true"), ("block_q", "32"), ("block_k", "32")],
+    ];
+    for case in cases {
+        let owned: Vec<(&str, String)> = case.iter().map(|(a, b)| (*a, b.to_string())).collect();
+        for name in ["flash_attention", "flash_attention_bwd"] {
+            check_params(name, &owned, 11).unwrap();
+        }
+    }
+}
