@@ -1,1 +1,94 @@
-fn main() {}
+//! `tessera`: list, inspect, run and check the kernel library from the command line.
+//!
+//! Exit codes: 0 ok, 1 wrong result or runtime failure, 2 bad usage or bad input.
+
+mod commands;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "tessera",
+    version,
+    about = "Pallas-style block kernels in Rust"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Kernel parameters: `--shape m=256,n=128` (any parameter, repeatable).
+#[derive(clap::Args, Clone, Debug, Default)]
+struct ParamArgs {
+    /// Kernel parameters as `name=value[,name=value...]` (see `tessera list --long`).
+    #[arg(
+        long = "shape",
+        alias = "param",
+        short = 's',
+        value_name = "NAME=VALUE,..."
+    )]
+    shape: Vec<String>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print the library's kernel names, one per line.
+    List {
+        /// Also print each kernel's summary and parameters with their defaults.
+        #[arg(long)]
+        long: bool,
+    },
+    /// Print a kernel's block IR, or check an IR file with `--parse FILE`.
+    Ir {
+        /// Library kernel name.
+        kernel: Option<String>,
+        #[command(flatten)]
+        params: ParamArgs,
+        /// Parse and verify an IR text file instead.
+        #[arg(long, value_name = "FILE", conflicts_with = "kernel")]
+        parse: Option<std::path::PathBuf>,
+    },
+    /// Run a kernel on random inputs and compare it with its plain reference.
+    Run {
+        /// Library kernel name.
+        kernel: String,
+        /// interp, xla, native or auto (default: $TESSERA_BACKEND, else auto).
+        #[arg(long)]
+        backend: Option<String>,
+        #[command(flatten)]
+        params: ParamArgs,
+        /// Seed of the random inputs.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
+    /// Run every library kernel on every backend and print errors and timings.
+    Demo,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::List { long } => commands::list(long),
+        Command::Ir {
+            kernel,
+            params,
+            parse,
+        } => commands::ir(kernel.as_deref(), &params.shape, parse.as_deref()),
+        Command::Run {
+            kernel,
+            backend,
+            params,
+            seed,
+        } => commands::run(&kernel, backend.as_deref(), &params.shape, seed),
+        Command::Demo => commands::demo(),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", e.message);
+            ExitCode::from(e.code)
+        }
+    }
+}

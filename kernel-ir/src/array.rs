@@ -74,16 +74,29 @@ impl Array {
         let n = ty.num_elements() as usize;
         let data = match ty.dtype {
             d if d.is_float() => ArrayData::Float(vec![round_to(d, value as f32); n]),
-            DType::I32 => ArrayData::Int(vec![if value.is_nan() { i32::MIN } else { value as i32 }; n]),
+            DType::I32 => ArrayData::Int(vec![
+                if value.is_nan() {
+                    i32::MIN
+                } else {
+                    value as i32
+                };
+                n
+            ]),
             _ => ArrayData::Bool(vec![value != 0.0 && !value.is_nan(); n]),
         };
         Array { ty, data }
     }
 
     /// A float array (f32, bf16 or f16); values are rounded to the dtype.
-    pub fn from_f32(dtype: DType, shape: impl Into<Vec<u64>>, mut data: Vec<f32>) -> Result<Array, ArrayError> {
+    pub fn from_f32(
+        dtype: DType,
+        shape: impl Into<Vec<u64>>,
+        mut data: Vec<f32>,
+    ) -> Result<Array, ArrayError> {
         if !dtype.is_float() {
-            return Err(ArrayError(format!("from_f32 needs a float dtype, got {dtype}")));
+            return Err(ArrayError(format!(
+                "from_f32 needs a float dtype, got {dtype}"
+            )));
         }
         if dtype != DType::F32 {
             data.iter_mut().for_each(|x| *x = round_to(dtype, *x));
@@ -105,7 +118,10 @@ impl Array {
                 | (ArrayData::Bool(_), DType::Bool)
         );
         if !kind_ok {
-            return Err(ArrayError(format!("storage does not hold {} elements", ty.dtype)));
+            return Err(ArrayError(format!(
+                "storage does not hold {} elements",
+                ty.dtype
+            )));
         }
         if data.len() as u64 != ty.num_elements() {
             return Err(ArrayError(format!(

@@ -6,7 +6,7 @@
 use crate::infer::{infer, TypeEnv};
 use crate::ir::{
     BinaryOp, BlockSpec, CmpPred, DimSemantics, Index, Kernel, Literal, MemorySpace, Op, OpKind,
-    RefDecl, RefId, RefKind, ReduceOp, Region, UnaryOp, Value,
+    ReduceOp, RefDecl, RefId, RefKind, Region, UnaryOp, Value,
 };
 use crate::types::{DType, TensorType};
 use crate::verify::{verify, VerifyError};
@@ -83,12 +83,24 @@ impl KernelBuilder {
 
     /// Declares an input array cut into blocks by `block`.
     pub fn input(&mut self, name: impl Into<String>, ty: TensorType, block: BlockSpec) -> RefId {
-        self.add_ref(name.into(), RefKind::Input, ty, Some(block), MemorySpace::Vmem)
+        self.add_ref(
+            name.into(),
+            RefKind::Input,
+            ty,
+            Some(block),
+            MemorySpace::Vmem,
+        )
     }
 
     /// Declares an output array cut into blocks by `block`.
     pub fn output(&mut self, name: impl Into<String>, ty: TensorType, block: BlockSpec) -> RefId {
-        self.add_ref(name.into(), RefKind::Output, ty, Some(block), MemorySpace::Vmem)
+        self.add_ref(
+            name.into(),
+            RefKind::Output,
+            ty,
+            Some(block),
+            MemorySpace::Vmem,
+        )
     }
 
     /// Declares a VMEM scratch buffer that persists across the programs one core runs.
@@ -159,7 +171,9 @@ impl KernelBuilder {
     }
 
     fn current(&mut self) -> &mut Region {
-        self.regions.last_mut().expect("the body region is always open")
+        self.regions
+            .last_mut()
+            .expect("the body region is always open")
     }
 
     fn op_count(&self) -> usize {
@@ -279,7 +293,13 @@ impl KernelBuilder {
     }
 
     /// Matrix product with optional transposes.
-    pub fn dot(&mut self, lhs: Value, rhs: Value, transpose_lhs: bool, transpose_rhs: bool) -> Value {
+    pub fn dot(
+        &mut self,
+        lhs: Value,
+        rhs: Value,
+        transpose_lhs: bool,
+        transpose_rhs: bool,
+    ) -> Value {
         self.push_one(
             OpKind::Dot {
                 lhs,
@@ -482,6 +502,7 @@ impl KernelBuilder {
                 message: format!("{} regions were opened but not closed", self.open.len()),
             });
         }
+        remove_dead_ops(&mut self.regions[0]);
         let kernel = Kernel {
             name: self.name,
             grid: self.grid,
@@ -492,6 +513,66 @@ impl KernelBuilder {
         };
         verify(&kernel)?;
         Ok(kernel)
+    }
+}
+
+/// Removes ops without side effects whose results are never used (tracing leaves some
+/// behind, e.g. index constants of a path not taken), until none is left.
+fn remove_dead_ops(body: &mut Region) {
+    fn count_uses(region: &Region, uses: &mut std::collections::HashMap<Value, usize>) {
+        for op in &region.ops {
+            for v in op.kind.operands() {
+                *uses.entry(v).or_default() += 1;
+            }
+            match &op.kind {
+                OpKind::For { body, .. } => count_uses(body, uses),
+                OpKind::If {
+                    then_region,
+                    else_region,
+                    ..
+                } => {
+                    count_uses(then_region, uses);
+                    count_uses(else_region, uses);
+                }
+                _ => {}
+            }
+        }
+    }
+    fn sweep(region: &mut Region, uses: &std::collections::HashMap<Value, usize>) -> bool {
+        let before = region.ops.len();
+        region.ops.retain(|op| {
+            let pure = !matches!(
+                op.kind,
+                OpKind::Store { .. }
+                    | OpKind::For { .. }
+                    | OpKind::If { .. }
+                    | OpKind::Yield { .. }
+            );
+            !pure || op.results.iter().any(|r| uses.contains_key(r))
+        });
+        let mut changed = region.ops.len() != before;
+        for op in &mut region.ops {
+            match &mut op.kind {
+                OpKind::For { body, .. } => changed |= sweep(body, uses),
+                OpKind::If {
+                    then_region,
+                    else_region,
+                    ..
+                } => {
+                    changed |= sweep(then_region, uses);
+                    changed |= sweep(else_region, uses);
+                }
+                _ => {}
+            }
+        }
+        changed
+    }
+    loop {
+        let mut uses = std::collections::HashMap::new();
+        count_uses(body, &mut uses);
+        if !sweep(body, &uses) {
+            return;
+        }
     }
 }
 

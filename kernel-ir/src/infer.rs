@@ -1,9 +1,7 @@
 //! Result-type rules of every op, shared by the builder (to type new values) and the
 //! verifier (to check recorded types). Each rule explains a violation in one sentence.
 
-use crate::ir::{
-    dot_result_dtype, BinaryOp, Index, Kernel, OpKind, RefDecl, Start, UnaryOp,
-};
+use crate::ir::{dot_result_dtype, BinaryOp, Index, Kernel, OpKind, RefDecl, Start, UnaryOp};
 use crate::types::{DType, TensorType};
 
 /// What an op's type rule needs to see: the types of values and the ref declarations.
@@ -87,7 +85,10 @@ pub(crate) fn infer(
     let declared_one = || -> Result<TensorType, String> {
         match declared {
             [t] => Ok(t.clone()),
-            _ => Err(format!("must have exactly one result, found {}", declared.len())),
+            _ => Err(format!(
+                "must have exactly one result, found {}",
+                declared.len()
+            )),
         }
     };
     match op {
@@ -160,7 +161,10 @@ pub(crate) fn infer(
                 .ref_decl(*dst)
                 .ok_or_else(|| format!("ref #{} does not exist", dst.0))?;
             if decl.kind == crate::ir::RefKind::Input {
-                return Err(format!("ref %{} is an input and cannot be stored to", decl.name));
+                return Err(format!(
+                    "ref %{} is an input and cannot be stored to",
+                    decl.name
+                ));
             }
             let window = window_type(env, &decl.kernel_type(), index)
                 .map_err(|e| format!("ref %{}: {e}", decl.name))?;
@@ -183,7 +187,10 @@ pub(crate) fn infer(
             let t = declared_one()?;
             let xt = ty(*x);
             if t.dtype != xt.dtype {
-                return Err(format!("result dtype {} differs from operand {xt}", t.dtype));
+                return Err(format!(
+                    "result dtype {} differs from operand {xt}",
+                    t.dtype
+                ));
             }
             if dims.len() != xt.rank() {
                 return Err(format!(
@@ -224,7 +231,9 @@ pub(crate) fn infer(
                     .iter()
                     .any(|&p| p >= xt.rank() || std::mem::replace(&mut seen[p], true))
             {
-                return Err(format!("perm {perm:?} is not a permutation of the dims of {xt}"));
+                return Err(format!(
+                    "perm {perm:?} is not a permutation of the dims of {xt}"
+                ));
             }
             Ok(vec![TensorType::new(
                 xt.dtype,

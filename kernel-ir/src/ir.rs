@@ -621,10 +621,7 @@ impl OpKind {
             } => index_values(index).chain(*mask).chain(*other).collect(),
             OpKind::Store {
                 index, value, mask, ..
-            } => index_values(index)
-                .chain([*value])
-                .chain(*mask)
-                .collect(),
+            } => index_values(index).chain([*value]).chain(*mask).collect(),
             OpKind::Broadcast { x, .. }
             | OpKind::Reshape { x }
             | OpKind::Transpose { x, .. }
@@ -694,12 +691,16 @@ impl Kernel {
 
     /// Input array types, in order.
     pub fn input_types(&self) -> Vec<TensorType> {
-        self.refs_of(RefKind::Input).map(|(_, r)| r.ty.clone()).collect()
+        self.refs_of(RefKind::Input)
+            .map(|(_, r)| r.ty.clone())
+            .collect()
     }
 
     /// Output array types, in order.
     pub fn output_types(&self) -> Vec<TensorType> {
-        self.refs_of(RefKind::Output).map(|(_, r)| r.ty.clone()).collect()
+        self.refs_of(RefKind::Output)
+            .map(|(_, r)| r.ty.clone())
+            .collect()
     }
 
     /// Total number of programs in the grid.

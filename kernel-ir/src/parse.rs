@@ -6,7 +6,7 @@ use std::fmt;
 
 use crate::ir::{
     BinaryOp, BlockDim, BlockSpec, CmpPred, DimSemantics, Index, IndexBinOp, IndexExpr, IndexMap,
-    Kernel, Literal, MemorySpace, Op, OpKind, RefDecl, RefId, RefKind, ReduceOp, Region, Start,
+    Kernel, Literal, MemorySpace, Op, OpKind, ReduceOp, RefDecl, RefId, RefKind, Region, Start,
     UnaryOp, Value,
 };
 use crate::types::{DType, TensorType};
@@ -24,7 +24,11 @@ pub struct ParseError {
 
 impl fmt::Display for ParseError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "line {}, column {}: {}", self.line, self.column, self.message)
+        write!(
+            f,
+            "line {}, column {}: {}",
+            self.line, self.column, self.message
+        )
     }
 }
 
@@ -359,13 +363,14 @@ impl Parser {
         let grid = self.list(|p| p.uint("a grid size"))?;
         self.grid_rank = grid.len();
         self.keyword("semantics")?;
-        let dimension_semantics = self.list(|p| match p.ident("`parallel` or `arbitrary`")?.as_str() {
-            "parallel" => Ok(DimSemantics::Parallel),
-            "arbitrary" => Ok(DimSemantics::Arbitrary),
-            other => Err(p.error_here(format!(
-                "unknown dimension semantics `{other}`, expected `parallel` or `arbitrary`"
-            ))),
-        })?;
+        let dimension_semantics =
+            self.list(|p| match p.ident("`parallel` or `arbitrary`")?.as_str() {
+                "parallel" => Ok(DimSemantics::Parallel),
+                "arbitrary" => Ok(DimSemantics::Arbitrary),
+                other => Err(p.error_here(format!(
+                    "unknown dimension semantics `{other}`, expected `parallel` or `arbitrary`"
+                ))),
+            })?;
         self.punct('{')?;
         while !self.eat_keyword("body") {
             let decl = self.ref_decl()?;
@@ -536,7 +541,11 @@ impl Parser {
             }
             Tok::Ident(s) if s == "min" || s == "max" => {
                 self.next();
-                let op = if s == "min" { IndexBinOp::Min } else { IndexBinOp::Max };
+                let op = if s == "min" {
+                    IndexBinOp::Min
+                } else {
+                    IndexBinOp::Max
+                };
                 self.punct('(')?;
                 let a = self.index_expr(params)?;
                 self.punct(',')?;
@@ -636,7 +645,8 @@ impl Parser {
         let sign = if negative { -1.0 } else { 1.0 };
         match self.next() {
             Tok::Int(i) => {
-                let i = i64::try_from(i).map_err(|_| self.error_here("integer literal is too large"))?;
+                let i = i64::try_from(i)
+                    .map_err(|_| self.error_here("integer literal is too large"))?;
                 Ok(Literal::Int(if negative { -i } else { i }))
             }
             Tok::Float(f) => Ok(Literal::Float(sign * f)),
@@ -715,18 +725,46 @@ impl Parser {
             "load" => {
                 let src = self.ref_use()?;
                 let index = self.index()?;
-                let mask = if self.eat_keyword("mask") { Some(self.use_value()?) } else { None };
-                let other = if self.eat_keyword("other") { Some(self.use_value()?) } else { None };
+                let mask = if self.eat_keyword("mask") {
+                    Some(self.use_value()?)
+                } else {
+                    None
+                };
+                let other = if self.eat_keyword("other") {
+                    Some(self.use_value()?)
+                } else {
+                    None
+                };
                 let t = self.colon_type()?;
-                one(OpKind::Load { src, index, mask, other }, t)
+                one(
+                    OpKind::Load {
+                        src,
+                        index,
+                        mask,
+                        other,
+                    },
+                    t,
+                )
             }
             "store" => {
                 let dst = self.ref_use()?;
                 let index = self.index()?;
                 self.punct(',')?;
                 let value = self.use_value()?;
-                let mask = if self.eat_keyword("mask") { Some(self.use_value()?) } else { None };
-                Ok((OpKind::Store { dst, index, value, mask }, vec![]))
+                let mask = if self.eat_keyword("mask") {
+                    Some(self.use_value()?)
+                } else {
+                    None
+                };
+                Ok((
+                    OpKind::Store {
+                        dst,
+                        index,
+                        value,
+                        mask,
+                    },
+                    vec![],
+                ))
             }
             "broadcast" => {
                 let x = self.use_value()?;
@@ -742,7 +780,11 @@ impl Parser {
             }
             "reshape" | "cast" => {
                 let x = self.use_value()?;
-                let kind = if m == "reshape" { OpKind::Reshape { x } } else { OpKind::Cast { x } };
+                let kind = if m == "reshape" {
+                    OpKind::Reshape { x }
+                } else {
+                    OpKind::Cast { x }
+                };
                 one(kind, self.colon_type()?)
             }
             "cmp" => {
@@ -760,7 +802,14 @@ impl Parser {
                 let on_true = self.use_value()?;
                 self.punct(',')?;
                 let on_false = self.use_value()?;
-                one(OpKind::Select { cond, on_true, on_false }, self.colon_type()?)
+                one(
+                    OpKind::Select {
+                        cond,
+                        on_true,
+                        on_false,
+                    },
+                    self.colon_type()?,
+                )
             }
             "dot" => {
                 let lhs = self.use_value()?;
@@ -768,7 +817,15 @@ impl Parser {
                 let rhs = self.use_value()?;
                 let transpose_lhs = self.eat_keyword("transpose_lhs");
                 let transpose_rhs = self.eat_keyword("transpose_rhs");
-                one(OpKind::Dot { lhs, rhs, transpose_lhs, transpose_rhs }, self.colon_type()?)
+                one(
+                    OpKind::Dot {
+                        lhs,
+                        rhs,
+                        transpose_lhs,
+                        transpose_rhs,
+                    },
+                    self.colon_type()?,
+                )
             }
             "for" => self.for_op(),
             "if" => self.if_op(),
@@ -848,7 +905,10 @@ impl Parser {
         }
         let ops = self.ops_until_close()?;
         self.scopes.pop();
-        let types = inits.iter().map(|v| self.value_types[v.0 as usize].clone()).collect();
+        let types = inits
+            .iter()
+            .map(|v| self.value_types[v.0 as usize].clone())
+            .collect();
         Ok((
             OpKind::For {
                 lower,
@@ -875,7 +935,10 @@ impl Parser {
             p.scopes.push(HashMap::new());
             let ops = p.ops_until_close();
             p.scopes.pop();
-            Ok(Region { args: vec![], ops: ops? })
+            Ok(Region {
+                args: vec![],
+                ops: ops?,
+            })
         };
         let then_region = region(self)?;
         self.keyword("else")?;

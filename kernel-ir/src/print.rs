@@ -17,9 +17,7 @@
 use std::collections::HashMap;
 use std::fmt::Write;
 
-use crate::ir::{
-    BlockDim, Index, IndexExpr, Kernel, Literal, Op, OpKind, Region, Start, Value,
-};
+use crate::ir::{BlockDim, Index, IndexExpr, Kernel, Literal, Op, OpKind, Region, Start, Value};
 
 /// Assigns printed numbers to values in textual order.
 #[derive(Debug)]
@@ -83,9 +81,9 @@ impl Namer {
 pub fn print_kernel(kernel: &Kernel) -> String {
     let namer = Namer::new(kernel);
     let mut out = String::new();
-    let _ = write!(
+    let _ = writeln!(
         out,
-        "kernel @{} grid {} semantics [{}] {{\n",
+        "kernel @{} grid {} semantics [{}] {{",
         kernel.name,
         list(&kernel.grid),
         kernel
@@ -108,7 +106,12 @@ pub fn print_kernel(kernel: &Kernel) -> String {
                     })
                     .collect();
                 let params: Vec<String> = (0..kernel.grid.len()).map(|i| format!("i{i}")).collect();
-                let exprs: Vec<String> = spec.index_map.exprs.iter().map(|e| index_expr(e, true)).collect();
+                let exprs: Vec<String> = spec
+                    .index_map
+                    .exprs
+                    .iter()
+                    .map(|e| index_expr(e, true))
+                    .collect();
                 let _ = writeln!(
                     out,
                     " block [{}] map ({}) -> ({}) {}",
@@ -132,7 +135,11 @@ pub fn print_kernel(kernel: &Kernel) -> String {
 fn list<T: ToString>(items: &[T]) -> String {
     format!(
         "[{}]",
-        items.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
+        items
+            .iter()
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
     )
 }
 
@@ -144,9 +151,19 @@ fn index_expr(e: &IndexExpr, top: bool) -> String {
         IndexExpr::Bin(op, a, b) => {
             use crate::ir::IndexBinOp::{Max, Min};
             match op {
-                Min | Max => format!("{}({}, {})", op.name(), index_expr(a, true), index_expr(b, true)),
+                Min | Max => format!(
+                    "{}({}, {})",
+                    op.name(),
+                    index_expr(a, true),
+                    index_expr(b, true)
+                ),
                 _ => {
-                    let s = format!("{} {} {}", index_expr(a, false), op.name(), index_expr(b, false));
+                    let s = format!(
+                        "{} {} {}",
+                        index_expr(a, false),
+                        op.name(),
+                        index_expr(b, false)
+                    );
                     if top {
                         s
                     } else {
@@ -227,7 +244,9 @@ fn op_line(kernel: &Kernel, namer: &Namer, op: &Op) -> String {
     let result_ty = op.results.first().map(ty).unwrap_or_default();
     let m = op.kind.mnemonic();
     let body = match &op.kind {
-        OpKind::ProgramId { axis } | OpKind::NumPrograms { axis } => format!("{m} {axis} : {result_ty}"),
+        OpKind::ProgramId { axis } | OpKind::NumPrograms { axis } => {
+            format!("{m} {axis} : {result_ty}")
+        }
         OpKind::Constant { value } => format!("{m} {} : {result_ty}", literal(value)),
         OpKind::Iota { dim } => format!("{m} {dim} : {result_ty}"),
         OpKind::Load {
@@ -270,7 +289,12 @@ fn op_line(kernel: &Kernel, namer: &Namer, op: &Op) -> String {
             cond,
             on_true,
             on_false,
-        } => format!("{m} {}, {}, {} : {result_ty}", n(cond), n(on_true), n(on_false)),
+        } => format!(
+            "{m} {}, {}, {} : {result_ty}",
+            n(cond),
+            n(on_true),
+            n(on_false)
+        ),
         OpKind::Reduce { x, axes, .. } => format!("{m} {} axes {} : {result_ty}", n(x), list(axes)),
         OpKind::Dot {
             lhs,

@@ -136,7 +136,10 @@ mod tests {
         for d in DType::ALL {
             assert_eq!(DType::from_name(d.name()), Some(d));
         }
-        assert_eq!(TensorType::new(DType::BF16, [2, 3]).to_string(), "bf16[2, 3]");
+        assert_eq!(
+            TensorType::new(DType::BF16, [2, 3]).to_string(),
+            "bf16[2, 3]"
+        );
         assert_eq!(TensorType::scalar(DType::I32).to_string(), "i32");
     }
 

@@ -66,7 +66,12 @@ fn verify_header(kernel: &Kernel) -> Result<(), VerifyError> {
     if let Some(axis) = kernel.grid.iter().position(|&g| g == 0) {
         return Err(header_error(kname, format!("grid axis {axis} has size 0")));
     }
-    if kernel.grid.iter().try_fold(1u64, |a, &g| a.checked_mul(g)).is_none() {
+    if kernel
+        .grid
+        .iter()
+        .try_fold(1u64, |a, &g| a.checked_mul(g))
+        .is_none()
+    {
         return Err(header_error(kname, "the grid has more than 2^64 programs"));
     }
     if !kernel.refs.iter().any(|r| r.kind == RefKind::Output) {
@@ -87,7 +92,10 @@ fn verify_header(kernel: &Kernel) -> Result<(), VerifyError> {
         }
         last_kind = r.kind;
         if r.ty.shape.contains(&0) {
-            return Err(header_error(what, format!("type {} has a zero dimension", r.ty)));
+            return Err(header_error(
+                what,
+                format!("type {} has a zero dimension", r.ty),
+            ));
         }
         match (&r.block, r.kind) {
             (None, RefKind::Scratch) => {}
@@ -188,7 +196,10 @@ fn sample_programs(grid: &[u64]) -> Vec<Vec<u64>> {
         return (0..total).map(|i| unflatten(i, grid)).collect();
     }
     let step = total / FULL_INDEX_MAP_CHECK_LIMIT + 1;
-    let mut out: Vec<Vec<u64>> = (0..total).step_by(step as usize).map(|i| unflatten(i, grid)).collect();
+    let mut out: Vec<Vec<u64>> = (0..total)
+        .step_by(step as usize)
+        .map(|i| unflatten(i, grid))
+        .collect();
     out.push(grid.iter().map(|g| g - 1).collect());
     out
 }
@@ -317,7 +328,10 @@ impl BodyVerifier<'_> {
                 }
                 let iv_ty = self.kernel.type_of(body.args[0]);
                 if *iv_ty != crate::types::TensorType::scalar(crate::types::DType::I32) {
-                    return Err(self.err(op, format!("induction variable has type {iv_ty}, expected i32")));
+                    return Err(self.err(
+                        op,
+                        format!("induction variable has type {iv_ty}, expected i32"),
+                    ));
                 }
                 for (i, (&arg, t)) in body.args[1..].iter().zip(&carried_types).enumerate() {
                     let at = self.kernel.type_of(arg);
@@ -329,7 +343,12 @@ impl BodyVerifier<'_> {
                     }
                 }
                 let yielded = self.region(body, true)?;
-                self.check_yield(op, "the loop body", &yielded, &carried_types.into_iter().cloned().collect::<Vec<_>>())
+                self.check_yield(
+                    op,
+                    "the loop body",
+                    &yielded,
+                    &carried_types.into_iter().cloned().collect::<Vec<_>>(),
+                )
             }
             OpKind::If {
                 then_region,
@@ -369,10 +388,7 @@ impl BodyVerifier<'_> {
         for (i, (&v, t)) in yielded.iter().zip(expected).enumerate() {
             let vt = self.kernel.type_of(v);
             if vt != t {
-                return Err(self.err(
-                    op,
-                    format!("{what} yields {vt} as value {i}, expected {t}"),
-                ));
+                return Err(self.err(op, format!("{what} yields {vt} as value {i}, expected {t}")));
             }
         }
         Ok(())

@@ -4,14 +4,22 @@ use common::*;
 use kernel_ir::{interpret, Array, DType, InterpretOptions, RunError};
 
 fn run(k: &kernel_ir::Kernel, inputs: &[Array]) -> Vec<Array> {
-    interpret(k, inputs, &InterpretOptions { poison_uninitialized: true, threads: 0 }).unwrap()
+    interpret(
+        k,
+        inputs,
+        &InterpretOptions {
+            poison_uninitialized: true,
+            threads: 0,
+        },
+    )
+    .unwrap()
 }
 
 #[test]
 fn add_one_matches_reference() {
     let k = add_one(24, 128, 8);
     let x = random(DType::F32, &[24, 128], 1);
-    let out = run(&k, &[x.clone()]);
+    let out = run(&k, std::slice::from_ref(&x));
     let want: Vec<f64> = x.to_f64().iter().map(|v| v + 1.0).collect();
     assert!(max_abs_diff(&out[0].to_f64(), &want) < 1e-6);
 }
@@ -21,7 +29,7 @@ fn masked_softmax_handles_a_partial_last_block() {
     for (m, n, bm) in [(13, 7, 8), (1, 1, 8), (16, 32, 8), (9, 128, 4)] {
         let k = softmax_masked(m, n, bm.min(m));
         let x = random(DType::F32, &[m, n], m * 31 + n);
-        let out = run(&k, &[x.clone()]);
+        let out = run(&k, std::slice::from_ref(&x));
         let xs = x.to_f64();
         let got = out[0].to_f64();
         for r in 0..m as usize {
@@ -30,7 +38,10 @@ fn masked_softmax_handles_a_partial_last_block() {
             let sum: f64 = row.iter().map(|v| (v - mx).exp()).sum();
             for c in 0..n as usize {
                 let want = (row[c] - mx).exp() / sum;
-                assert!((got[r * n as usize + c] - want).abs() < 1e-5, "m={m} n={n} r={r} c={c}");
+                assert!(
+                    (got[r * n as usize + c] - want).abs() < 1e-5,
+                    "m={m} n={n} r={r} c={c}"
+                );
             }
         }
     }
@@ -43,9 +54,26 @@ fn matmul_with_grid_reduction_and_scratch() {
     let a = random(DType::F32, &[m, kk], 3);
     let b = random(DType::F32, &[kk, n], 4);
     for threads in [1, 2, 3] {
-        let out = interpret(&k, &[a.clone(), b.clone()], &InterpretOptions { poison_uninitialized: true, threads }).unwrap();
-        let want = naive_matmul(a.as_f32().unwrap(), b.as_f32().unwrap(), m as usize, kk as usize, n as usize);
-        assert!(max_abs_diff(&out[0].to_f64(), &want) < 1e-4, "threads={threads}");
+        let out = interpret(
+            &k,
+            &[a.clone(), b.clone()],
+            &InterpretOptions {
+                poison_uninitialized: true,
+                threads,
+            },
+        )
+        .unwrap();
+        let want = naive_matmul(
+            a.as_f32().unwrap(),
+            b.as_f32().unwrap(),
+            m as usize,
+            kk as usize,
+            n as usize,
+        );
+        assert!(
+            max_abs_diff(&out[0].to_f64(), &want) < 1e-4,
+            "threads={threads}"
+        );
     }
 }
 
@@ -56,7 +84,13 @@ fn matmul_with_carried_loop() {
     let a = random(DType::F32, &[m, kk], 5);
     let b = random(DType::F32, &[kk, n], 6);
     let out = run(&k, &[a.clone(), b.clone()]);
-    let want = naive_matmul(a.as_f32().unwrap(), b.as_f32().unwrap(), m as usize, kk as usize, n as usize);
+    let want = naive_matmul(
+        a.as_f32().unwrap(),
+        b.as_f32().unwrap(),
+        m as usize,
+        kk as usize,
+        n as usize,
+    );
     assert!(max_abs_diff(&out[0].to_f64(), &want) < 1e-4);
 }
 
@@ -66,10 +100,20 @@ fn unmasked_read_past_the_array_faults_with_program_and_op() {
     let k = add_one(13, 128, 8);
     let x = random(DType::F32, &[13, 128], 1);
     let err = interpret(&k, &[x], &InterpretOptions::default()).unwrap_err();
-    let RunError::Fault { program, op, message } = &err else { panic!("{err}") };
+    let RunError::Fault {
+        program,
+        op,
+        message,
+    } = &err
+    else {
+        panic!("{err}")
+    };
     assert_eq!(program, &vec![1]);
     assert!(op.contains("load %in0"), "{op}");
-    assert!(message.contains("out-of-bounds load from %in0"), "{message}");
+    assert!(
+        message.contains("out-of-bounds load from %in0"),
+        "{message}"
+    );
     assert!(message.contains("[13, 0]"), "{message}");
 }
 
@@ -77,10 +121,17 @@ fn unmasked_read_past_the_array_faults_with_program_and_op() {
 fn wrong_inputs_are_reported() {
     let k = add_one(16, 128, 8);
     let err = interpret(&k, &[], &InterpretOptions::default()).unwrap_err();
-    assert!(err.to_string().contains("takes 1 inputs, 0 were given"), "{err}");
+    assert!(
+        err.to_string().contains("takes 1 inputs, 0 were given"),
+        "{err}"
+    );
     let bad = random(DType::BF16, &[16, 128], 1);
     let err = interpret(&k, &[bad], &InterpretOptions::default()).unwrap_err();
-    assert!(err.to_string().contains("expects f32[16, 128], got bf16[16, 128]"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("expects f32[16, 128], got bf16[16, 128]"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -89,13 +140,27 @@ fn poisoned_scratch_shows_up_when_read_before_written() {
     use kernel_ir::dsl::prelude::*;
     let k = pallas_call(|x: Ref, o: Ref, acc: Ref| o.write(acc.read() + x.read()))
         .grid([1])
-        .input(TensorType::new(DType::F32, [8, 8]), block_spec([8, 8], |_| vec![0.into(), 0.into()]))
-        .output(TensorType::new(DType::F32, [8, 8]), block_spec([8, 8], |_| vec![0.into(), 0.into()]))
+        .input(
+            TensorType::new(DType::F32, [8, 8]),
+            block_spec([8, 8], |_| vec![0.into(), 0.into()]),
+        )
+        .output(
+            TensorType::new(DType::F32, [8, 8]),
+            block_spec([8, 8], |_| vec![0.into(), 0.into()]),
+        )
         .scratch(TensorType::new(DType::F32, [8, 8]))
         .build()
         .unwrap();
     let x = random(DType::F32, &[8, 8], 1);
-    let poisoned = interpret(&k, &[x.clone()], &InterpretOptions { poison_uninitialized: true, threads: 1 }).unwrap();
+    let poisoned = interpret(
+        &k,
+        std::slice::from_ref(&x),
+        &InterpretOptions {
+            poison_uninitialized: true,
+            threads: 1,
+        },
+    )
+    .unwrap();
     assert!(poisoned[0].as_f32().unwrap().iter().all(|v| v.is_nan()));
     let zeroed = interpret(&k, &[x], &InterpretOptions::default()).unwrap();
     assert!(zeroed[0].as_f32().unwrap().iter().all(|v| !v.is_nan()));

@@ -35,7 +35,10 @@ fn parse_err(text: &str) -> String {
 fn syntax_errors_have_positions() {
     let base = print_kernel(&add_one(16, 128, 8));
     let e = parse_err(&base.replace("add %", "frobnicate %"));
-    assert!(e.contains("unknown op `frobnicate`") && e.contains("line "), "{e}");
+    assert!(
+        e.contains("unknown op `frobnicate`") && e.contains("line "),
+        "{e}"
+    );
     let e = parse_err(&base.replace("f32[16, 128]", "f64[16, 128]"));
     assert!(e.contains("unknown dtype `f64`"), "{e}");
     let e = parse_err(&base.replace("%1 = const", "%1 = cnst"));
@@ -49,20 +52,32 @@ fn syntax_errors_have_positions() {
 #[test]
 fn type_errors_name_the_op_and_types() {
     let base = print_kernel(&add_one(16, 128, 8));
-    let e = parse_err(&base.replace("%1 = const 1.0 : f32[8, 128]", "%1 = const 1.0 : f32[8, 64]"));
+    let e = parse_err(&base.replace(
+        "%1 = const 1.0 : f32[8, 128]",
+        "%1 = const 1.0 : f32[8, 64]",
+    ));
     assert!(e.contains("`%2 = add %0, %1 : f32[8, 128]`"), "{e}");
-    assert!(e.contains("operand 1 has type f32[8, 64], expected f32[8, 128]"), "{e}");
+    assert!(
+        e.contains("operand 1 has type f32[8, 64], expected f32[8, 128]"),
+        "{e}"
+    );
 }
 
 #[test]
 fn block_specs_that_do_not_tile_are_rejected() {
     let base = print_kernel(&add_one(16, 128, 8));
     let e = parse_err(&base.replacen("block [8, 128]", "block [8, 256]", 1));
-    assert!(e.contains("block dim 1 is 256, which does not tile the array dim of 128"), "{e}");
+    assert!(
+        e.contains("block dim 1 is 256, which does not tile the array dim of 128"),
+        "{e}"
+    );
     let e = parse_err(&base.replacen("-> (i0, 0)", "-> (i0 + 5, 0)", 1));
     assert!(e.contains("block index 5 for dim 0"), "{e}");
     let e = parse_err(&base.replacen("block [8, 128]", "block [8]", 1));
-    assert!(e.contains("block shape has rank 1 but the array has rank 2"), "{e}");
+    assert!(
+        e.contains("block shape has rank 1 but the array has rank 2"),
+        "{e}"
+    );
 }
 
 proptest! {

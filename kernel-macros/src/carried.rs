@@ -53,7 +53,10 @@ pub fn collect_pat_idents(pat: &Pat, out: &mut Vec<Ident>) {
         Pat::Tuple(t) => t.elems.iter().for_each(|p| collect_pat_idents(p, out)),
         Pat::TupleStruct(t) => t.elems.iter().for_each(|p| collect_pat_idents(p, out)),
         Pat::Slice(s) => s.elems.iter().for_each(|p| collect_pat_idents(p, out)),
-        Pat::Struct(s) => s.fields.iter().for_each(|f| collect_pat_idents(&f.pat, out)),
+        Pat::Struct(s) => s
+            .fields
+            .iter()
+            .for_each(|f| collect_pat_idents(&f.pat, out)),
         Pat::Type(t) => collect_pat_idents(&t.pat, out),
         Pat::Reference(r) => collect_pat_idents(&r.pat, out),
         Pat::Paren(p) => collect_pat_idents(&p.pat, out),

@@ -4,19 +4,64 @@ use syn::{Expr, ExprCall, ExprMethodCall, Macro};
 
 /// Methods of kernel values (`Tensor`).
 const TENSOR_METHODS: &[&str] = &[
-    "ty", "shape", "dtype", "value", "exp", "log", "tanh", "sqrt", "rsqrt", "abs", "sigmoid",
-    "maximum", "minimum", "pow", "sum", "max", "min", "sum_keepdims", "max_keepdims",
-    "min_keepdims", "dot", "cast", "reshape", "expand_dims", "broadcast_to", "transpose", "t",
-    "lt", "le", "gt", "ge", "eq", "ne",
+    "ty",
+    "shape",
+    "dtype",
+    "value",
+    "exp",
+    "log",
+    "tanh",
+    "sqrt",
+    "rsqrt",
+    "abs",
+    "sigmoid",
+    "maximum",
+    "minimum",
+    "pow",
+    "sum",
+    "max",
+    "min",
+    "sum_keepdims",
+    "max_keepdims",
+    "min_keepdims",
+    "dot",
+    "cast",
+    "reshape",
+    "expand_dims",
+    "broadcast_to",
+    "transpose",
+    "t",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "eq",
+    "ne",
 ];
 
 /// Methods of refs (`Ref`).
-const REF_METHODS: &[&str] = &["id", "load", "read", "load_masked", "store", "write", "store_masked"];
+const REF_METHODS: &[&str] = &[
+    "id",
+    "load",
+    "read",
+    "load_masked",
+    "store",
+    "write",
+    "store_masked",
+];
 
 /// Methods of the Rust values used for compile-time index math.
 const COMPTIME_METHODS: &[&str] = &[
-    "clone", "len", "is_empty", "div_ceil", "next_multiple_of", "saturating_sub",
-    "is_power_of_two", "into", "step_by", "contains",
+    "clone",
+    "len",
+    "is_empty",
+    "div_ceil",
+    "next_multiple_of",
+    "saturating_sub",
+    "is_power_of_two",
+    "into",
+    "step_by",
+    "contains",
 ];
 
 /// Macros that may appear in kernels.
@@ -74,9 +119,7 @@ pub fn unsupported_expr(e: &Expr) -> Option<syn::Error> {
              `pallas_call(...).build()`"
         }
         Expr::Unsafe(_) => "`unsafe` blocks are not allowed in kernels",
-        Expr::Let(_) => {
-            "`if let` / `while let` are not supported in kernels: use `if` on a bool"
-        }
+        Expr::Let(_) => "`if let` / `while let` are not supported in kernels: use `if` on a bool",
         Expr::Macro(m) => return unsupported_macro(&m.mac),
         Expr::MethodCall(m) => return unsupported_method(m),
         Expr::Call(c) => return unsupported_call(c),
@@ -87,7 +130,12 @@ pub fn unsupported_expr(e: &Expr) -> Option<syn::Error> {
 
 /// The error for a macro call inside a kernel, if it is not one of [`MACROS`].
 pub fn unsupported_macro(mac: &Macro) -> Option<syn::Error> {
-    let name = mac.path.segments.last().map(|s| s.ident.to_string()).unwrap_or_default();
+    let name = mac
+        .path
+        .segments
+        .last()
+        .map(|s| s.ident.to_string())
+        .unwrap_or_default();
     if MACROS.contains(&name.as_str()) {
         return None;
     }
@@ -121,9 +169,17 @@ fn unsupported_method(m: &ExprMethodCall) -> Option<syn::Error> {
 
 fn unsupported_call(c: &ExprCall) -> Option<syn::Error> {
     let Expr::Path(p) = &*c.func else {
-        return Some(error(&c.func, "only named functions can be called in kernels"));
+        return Some(error(
+            &c.func,
+            "only named functions can be called in kernels",
+        ));
     };
-    let segments: Vec<String> = p.path.segments.iter().map(|s| s.ident.to_string()).collect();
+    let segments: Vec<String> = p
+        .path
+        .segments
+        .iter()
+        .map(|s| s.ident.to_string())
+        .collect();
     if segments.len() > 1 && FOREIGN_ROOTS.contains(&segments[0].as_str()) {
         let path = segments.join("::");
         return Some(error(

@@ -47,7 +47,8 @@ impl Rewriter {
             return None;
         }
         if let Some(label) = &f.label {
-            self.errors.push(error(label, "loop labels are not supported in kernels"));
+            self.errors
+                .push(error(label, "loop labels are not supported in kernels"));
         }
         let var = match &*f.pat {
             Pat::Ident(p) if p.subpat.is_none() => {
@@ -155,7 +156,10 @@ fn range_parts(e: &Expr) -> Result<(Expr, Expr, Expr), syn::Error> {
     match range {
         Expr::Range(r) if matches!(r.limits, RangeLimits::HalfOpen(_)) => match (r.start, r.end) {
             (Some(lo), Some(hi)) => Ok((*lo, *hi, step)),
-            _ => Err(error(e, "a kernel `for` needs both bounds: write `for i in lo..hi`")),
+            _ => Err(error(
+                e,
+                "a kernel `for` needs both bounds: write `for i in lo..hi`",
+            )),
         },
         Expr::Range(_) => Err(error(
             e,

@@ -27,10 +27,16 @@ pub fn analyze(func: &mut ItemFn, kind: Kind) -> Signature {
     let mut errors = Vec::new();
     let sig = &mut func.sig;
     if let Some(a) = &sig.asyncness {
-        errors.push(syn::Error::new_spanned(a, "kernels cannot be `async`: remove `async`"));
+        errors.push(syn::Error::new_spanned(
+            a,
+            "kernels cannot be `async`: remove `async`",
+        ));
     }
     if let Some(u) = &sig.unsafety {
-        errors.push(syn::Error::new_spanned(u, "kernels cannot be `unsafe`: remove `unsafe`"));
+        errors.push(syn::Error::new_spanned(
+            u,
+            "kernels cannot be `unsafe`: remove `unsafe`",
+        ));
     }
     if kind == Kind::Kernel {
         if let ReturnType::Type(_, ty) = &sig.output {
@@ -42,7 +48,10 @@ pub fn analyze(func: &mut ItemFn, kind: Kind) -> Signature {
     }
     for arg in sig.inputs.iter_mut() {
         let FnArg::Typed(pt) = arg else {
-            errors.push(syn::Error::new_spanned(arg, "kernels cannot take `self`: write a free function"));
+            errors.push(syn::Error::new_spanned(
+                arg,
+                "kernels cannot take `self`: write a free function",
+            ));
             continue;
         };
         let before = pt.attrs.len();

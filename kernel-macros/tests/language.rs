@@ -15,7 +15,13 @@ fn online_softmax_step(m: Tensor, l: Tensor, s: Tensor) -> (Tensor, Tensor, Tens
 /// Row sums of `x` computed in column chunks with an online max: exercises a traced
 /// loop with carried values, a helper and a traced `if`.
 #[kernel]
-fn chunked_logsumexp(x: Ref, o: Ref, #[comptime] rows: u64, #[comptime] chunk: u64, #[comptime] chunks: u64) {
+fn chunked_logsumexp(
+    x: Ref,
+    o: Ref,
+    #[comptime] rows: u64,
+    #[comptime] chunk: u64,
+    #[comptime] chunks: u64,
+) {
     let mut m = full([rows], f64::NEG_INFINITY, DType::F32);
     let mut l = zeros([rows], DType::F32);
     for c in 0..chunks {
@@ -26,9 +32,9 @@ fn chunked_logsumexp(x: Ref, o: Ref, #[comptime] rows: u64, #[comptime] chunk: u
     }
     let mut out = m + l.log();
     if program_id(0) == 0 {
-        out = out + 0.0;
+        out += 0.0;
     } else {
-        out = out * 1.0;
+        out *= 1.0;
     }
     o.store(s![..], out);
 }
@@ -36,8 +42,14 @@ fn chunked_logsumexp(x: Ref, o: Ref, #[comptime] rows: u64, #[comptime] chunk: u
 fn logsumexp_kernel(rows: u64, cols: u64, chunk: u64) -> Kernel {
     pallas_call(move |x, o| chunked_logsumexp(x, o, rows, chunk, cols / chunk))
         .grid([2])
-        .input(TensorType::new(DType::F32, [2 * rows, cols]), block_spec([rows, cols], |i| vec![i[0].clone(), 0.into()]))
-        .output(TensorType::new(DType::F32, [2 * rows]), block_spec([rows], |i| vec![i[0].clone()]))
+        .input(
+            TensorType::new(DType::F32, [2 * rows, cols]),
+            block_spec([rows, cols], |i| vec![i[0].clone(), 0.into()]),
+        )
+        .output(
+            TensorType::new(DType::F32, [2 * rows]),
+            block_spec([rows], |i| vec![i[0].clone()]),
+        )
         .build()
         .unwrap()
 }
@@ -52,7 +64,9 @@ fn traced_loop_helper_and_if_compute_logsumexp() {
     assert!(text.contains("for %"), "{text}");
     assert!(text.contains("if %"), "{text}");
     let n = (2 * rows * cols) as usize;
-    let data: Vec<f32> = (0..n).map(|i| ((i * 37 % 101) as f32) / 50.0 - 1.0).collect();
+    let data: Vec<f32> = (0..n)
+        .map(|i| ((i * 37 % 101) as f32) / 50.0 - 1.0)
+        .collect();
     let x = Array::from_f32(DType::F32, [2 * rows, cols], data.clone()).unwrap();
     let out = interpret(&k, &[x], &InterpretOptions::default()).unwrap();
     let got = out[0].as_f32().unwrap();
@@ -60,7 +74,11 @@ fn traced_loop_helper_and_if_compute_logsumexp() {
         let row = &data[r * cols as usize..(r + 1) * cols as usize];
         let mx = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
         let want = mx + row.iter().map(|&v| (v as f64 - mx).exp()).sum::<f64>().ln();
-        assert!((got[r] as f64 - want).abs() < 1e-4, "row {r}: {} vs {want}", got[r]);
+        assert!(
+            (got[r] as f64 - want).abs() < 1e-4,
+            "row {r}: {} vs {want}",
+            got[r]
+        );
     }
 }
 
@@ -69,11 +87,11 @@ fn traced_loop_helper_and_if_compute_logsumexp() {
 fn comptime_control(x: Ref, o: Ref, #[comptime] double: bool, #[comptime] times: u32) {
     let mut v = x.read();
     if double {
-        v = v * 2.0;
+        v *= 2.0;
     }
     #[unroll]
     for _ in 0..times {
-        v = v + 1.0;
+        v += 1.0;
     }
     o.write(v);
 }
@@ -83,8 +101,14 @@ fn comptime_branches_and_unrolled_loops_specialise() {
     let build = |double, times| {
         pallas_call(move |x, o| comptime_control(x, o, double, times))
             .grid([1])
-            .input(TensorType::new(DType::F32, [8]), block_spec([8], |_| vec![0.into()]))
-            .output(TensorType::new(DType::F32, [8]), block_spec([8], |_| vec![0.into()]))
+            .input(
+                TensorType::new(DType::F32, [8]),
+                block_spec([8], |_| vec![0.into()]),
+            )
+            .output(
+                TensorType::new(DType::F32, [8]),
+                block_spec([8], |_| vec![0.into()]),
+            )
             .build()
             .unwrap()
     };
@@ -93,7 +117,7 @@ fn comptime_branches_and_unrolled_loops_specialise() {
     assert!(!text.contains("if ") && !text.contains("for "), "{text}");
     assert_eq!(text.matches(" = add ").count(), 3, "{text}");
     let x = Array::from_f32(DType::F32, [8], vec![1.0; 8]).unwrap();
-    let out = interpret(&k, &[x.clone()], &InterpretOptions::default()).unwrap();
+    let out = interpret(&k, std::slice::from_ref(&x), &InterpretOptions::default()).unwrap();
     assert_eq!(out[0].as_f32().unwrap(), &[5.0; 8]);
     let out = interpret(&build(false, 0), &[x], &InterpretOptions::default()).unwrap();
     assert_eq!(out[0].as_f32().unwrap(), &[1.0; 8]);
@@ -108,11 +132,20 @@ fn tracing_errors_point_at_the_kernel_source() {
     }
     let err = pallas_call(bad_shapes)
         .grid([1])
-        .input(TensorType::new(DType::F32, [8, 16]), block_spec([8, 16], |_| vec![0.into(), 0.into()]))
-        .output(TensorType::new(DType::F32, [8, 8]), block_spec([8, 8], |_| vec![0.into(), 0.into()]))
+        .input(
+            TensorType::new(DType::F32, [8, 16]),
+            block_spec([8, 16], |_| vec![0.into(), 0.into()]),
+        )
+        .output(
+            TensorType::new(DType::F32, [8, 8]),
+            block_spec([8, 8], |_| vec![0.into(), 0.into()]),
+        )
         .build()
         .unwrap_err();
     let msg = err.to_string();
-    assert!(msg.contains("dot at kernel-macros/tests/language.rs:"), "{msg}");
+    assert!(
+        msg.contains("dot at kernel-macros/tests/language.rs:"),
+        "{msg}"
+    );
     assert!(msg.contains("contracting dims differ"), "{msg}");
 }

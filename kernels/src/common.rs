@@ -22,9 +22,18 @@ pub fn random_array(dtype: DType, shape: &[u64], seed: u64, scale: f32) -> Resul
 pub fn tolerance_for(dtype: DType, reduction: u64) -> Tolerance {
     let r = (reduction.max(1) as f64).sqrt();
     match dtype {
-        DType::BF16 => Tolerance { abs: 2e-2 * r.max(1.0).min(4.0), rel: 1.6e-2 },
-        DType::F16 => Tolerance { abs: 4e-3 * r.max(1.0).min(4.0), rel: 2e-3 },
-        _ => Tolerance { abs: 2e-5 * r, rel: 1e-5 },
+        DType::BF16 => Tolerance {
+            abs: 2e-2 * r.clamp(1.0, 4.0),
+            rel: 1.6e-2,
+        },
+        DType::F16 => Tolerance {
+            abs: 4e-3 * r.clamp(1.0, 4.0),
+            rel: 2e-3,
+        },
+        _ => Tolerance {
+            abs: 2e-5 * r,
+            rel: 1e-5,
+        },
     }
 }
 
@@ -60,7 +69,15 @@ pub fn cols_below(rows: u64, cols: u64, col0: Tensor, limit: u64) -> Tensor {
 /// Loads a `[rows, cols]` tile whose top-left element is `(row0, col0)` of an
 /// `[nrows, ncols]` array; lanes past the array's edge read zero.
 #[kernel_fn]
-pub fn load_tile(r: Ref, rows: u64, cols: u64, row0: Tensor, col0: Tensor, nrows: u64, ncols: u64) -> Tensor {
+pub fn load_tile(
+    r: Ref,
+    rows: u64,
+    cols: u64,
+    row0: Tensor,
+    col0: Tensor,
+    nrows: u64,
+    ncols: u64,
+) -> Tensor {
     let ragged_rows = nrows % rows != 0;
     let ragged_cols = ncols % cols != 0;
     if ragged_rows || ragged_cols {
@@ -73,7 +90,16 @@ pub fn load_tile(r: Ref, rows: u64, cols: u64, row0: Tensor, col0: Tensor, nrows
 
 /// Stores a tile, leaving lanes past the array's edge untouched.
 #[kernel_fn]
-pub fn store_tile(r: Ref, value: Tensor, rows: u64, cols: u64, row0: Tensor, col0: Tensor, nrows: u64, ncols: u64) {
+pub fn store_tile(
+    r: Ref,
+    value: Tensor,
+    rows: u64,
+    cols: u64,
+    row0: Tensor,
+    col0: Tensor,
+    nrows: u64,
+    ncols: u64,
+) {
     let ragged_rows = nrows % rows != 0;
     let ragged_cols = ncols % cols != 0;
     if ragged_rows || ragged_cols {

@@ -13,7 +13,9 @@ mod swiglu;
 
 use kernel_ir::{Array, Kernel};
 
-pub use attention::{reference_backward, reference_forward, AttentionConfig, FlashAttention, FlashAttentionBwd};
+pub use attention::{
+    reference_backward, reference_forward, AttentionConfig, FlashAttention, FlashAttentionBwd,
+};
 pub use matmul::{Matmul, MatmulConfig};
 pub use norms::{LayerNorm, NormConfig, RmsNorm};
 pub use params::{ParamDef, ParamError, Params};
@@ -128,7 +130,8 @@ pub fn compare(got: &[Array], want: &[Vec<f64>], tol: Tolerance) -> Comparison {
                     c.max_rel_err = c.max_rel_err.max(err / y.abs());
                 }
             }
-            if !(err <= tol.abs + tol.rel * y.abs()) {
+            let within = err <= tol.abs + tol.rel * y.abs();
+            if !within {
                 c.first_bad.get_or_insert((o, i, x, y));
             }
         }

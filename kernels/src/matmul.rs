@@ -63,10 +63,23 @@ impl MatmulConfig {
         let c = self;
         Ok(pallas_call(move |x, y, o, acc| matmul(x, y, o, acc, c))
             .grid([c.m.div_ceil(c.bm), c.n.div_ceil(c.bn), c.k.div_ceil(c.bk)])
-            .dimension_semantics([DimSemantics::Parallel, DimSemantics::Parallel, DimSemantics::Arbitrary])
-            .input(TensorType::new(c.dtype, [c.m, c.k]), block_spec([c.bm, c.bk], |i| vec![pid(i, 0), pid(i, 2)]))
-            .input(TensorType::new(c.dtype, [c.k, c.n]), block_spec([c.bk, c.bn], |i| vec![pid(i, 2), pid(i, 1)]))
-            .output(TensorType::new(c.dtype, [c.m, c.n]), block_spec([c.bm, c.bn], |i| vec![pid(i, 0), pid(i, 1)]))
+            .dimension_semantics([
+                DimSemantics::Parallel,
+                DimSemantics::Parallel,
+                DimSemantics::Arbitrary,
+            ])
+            .input(
+                TensorType::new(c.dtype, [c.m, c.k]),
+                block_spec([c.bm, c.bk], |i| vec![pid(i, 0), pid(i, 2)]),
+            )
+            .input(
+                TensorType::new(c.dtype, [c.k, c.n]),
+                block_spec([c.bk, c.bn], |i| vec![pid(i, 2), pid(i, 1)]),
+            )
+            .output(
+                TensorType::new(c.dtype, [c.m, c.n]),
+                block_spec([c.bm, c.bn], |i| vec![pid(i, 0), pid(i, 1)]),
+            )
             .scratch(TensorType::new(DType::F32, [c.bm, c.bn]))
             .build()?)
     }
@@ -76,13 +89,41 @@ impl MatmulConfig {
 pub struct Matmul;
 
 const PARAMS: &[ParamDef] = &[
-    ParamDef { name: "m", default: "256", help: "rows of x" },
-    ParamDef { name: "k", default: "256", help: "columns of x / rows of y" },
-    ParamDef { name: "n", default: "256", help: "columns of y" },
-    ParamDef { name: "bm", default: "128", help: "block rows" },
-    ParamDef { name: "bk", default: "128", help: "block depth" },
-    ParamDef { name: "bn", default: "128", help: "block columns" },
-    ParamDef { name: "dtype", default: "f32", help: "f32, bf16 or f16 (f32 accumulation)" },
+    ParamDef {
+        name: "m",
+        default: "256",
+        help: "rows of x",
+    },
+    ParamDef {
+        name: "k",
+        default: "256",
+        help: "columns of x / rows of y",
+    },
+    ParamDef {
+        name: "n",
+        default: "256",
+        help: "columns of y",
+    },
+    ParamDef {
+        name: "bm",
+        default: "128",
+        help: "block rows",
+    },
+    ParamDef {
+        name: "bk",
+        default: "128",
+        help: "block depth",
+    },
+    ParamDef {
+        name: "bn",
+        default: "128",
+        help: "block columns",
+    },
+    ParamDef {
+        name: "dtype",
+        default: "f32",
+        help: "f32, bf16 or f16 (f32 accumulation)",
+    },
 ];
 
 /// Plain f64 matmul of row-major arrays.
@@ -122,10 +163,18 @@ impl LibraryKernel for Matmul {
     fn reference(&self, p: &Params, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
         let c = MatmulConfig::from_params(p)?;
         let (a, b) = (inputs[0].to_f64(), inputs[1].to_f64());
-        Ok(vec![reference_matmul(&a, &b, c.m as usize, c.k as usize, c.n as usize)])
+        Ok(vec![reference_matmul(
+            &a,
+            &b,
+            c.m as usize,
+            c.k as usize,
+            c.n as usize,
+        )])
     }
     fn tolerance(&self, p: &Params) -> Tolerance {
-        MatmulConfig::from_params(p).map_or(tolerance_for(DType::F32, 1), |c| tolerance_for(c.dtype, c.k))
+        MatmulConfig::from_params(p).map_or(tolerance_for(DType::F32, 1), |c| {
+            tolerance_for(c.dtype, c.k)
+        })
     }
     fn flops(&self, p: &Params) -> f64 {
         MatmulConfig::from_params(p).map_or(0.0, |c| 2.0 * (c.m * c.k * c.n) as f64)

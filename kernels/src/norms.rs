@@ -30,7 +30,16 @@ fn rms_norm(x: Ref, w: Ref, o: Ref, #[comptime] c: NormConfig) {
     let v = load_tile(x, c.block_rows, c.cols, row0, index(0), c.rows, c.cols).cast(DType::F32);
     let inv = ((v * v).sum_keepdims(1) / c.cols as f64 + c.eps).rsqrt();
     let y = v * inv * w.read().cast(DType::F32);
-    store_tile(o, y.cast(c.dtype), c.block_rows, c.cols, row0, index(0), c.rows, c.cols);
+    store_tile(
+        o,
+        y.cast(c.dtype),
+        c.block_rows,
+        c.cols,
+        row0,
+        index(0),
+        c.rows,
+        c.cols,
+    );
 }
 
 /// `o = (x - mean) / sqrt(var + eps) * w + b`.
@@ -40,8 +49,18 @@ fn layer_norm(x: Ref, w: Ref, b: Ref, o: Ref, #[comptime] c: NormConfig) {
     let v = load_tile(x, c.block_rows, c.cols, row0, index(0), c.rows, c.cols).cast(DType::F32);
     let centered = v - v.sum_keepdims(1) / c.cols as f64;
     let var = (centered * centered).sum_keepdims(1) / c.cols as f64;
-    let y = centered * (var + c.eps).rsqrt() * w.read().cast(DType::F32) + b.read().cast(DType::F32);
-    store_tile(o, y.cast(c.dtype), c.block_rows, c.cols, row0, index(0), c.rows, c.cols);
+    let y =
+        centered * (var + c.eps).rsqrt() * w.read().cast(DType::F32) + b.read().cast(DType::F32);
+    store_tile(
+        o,
+        y.cast(c.dtype),
+        c.block_rows,
+        c.cols,
+        row0,
+        index(0),
+        c.rows,
+        c.cols,
+    );
 }
 
 const NORM_PARAMS: &[ParamDef] = &[
@@ -49,7 +68,11 @@ const NORM_PARAMS: &[ParamDef] = &[
     ROW_PARAMS[1],
     ROW_PARAMS[2],
     ROW_PARAMS[3],
-    ParamDef { name: "eps", default: "1e-5", help: "added to the variance" },
+    ParamDef {
+        name: "eps",
+        default: "1e-5",
+        help: "added to the variance",
+    },
 ];
 
 impl NormConfig {
@@ -65,24 +88,47 @@ impl NormConfig {
         })
     }
 
-    fn call<A, F: kernel_ir::dsl::KernelBody<A>>(self, body: F, vectors: usize) -> Result<Kernel, BoxError> {
+    fn call<A, F: kernel_ir::dsl::KernelBody<A>>(
+        self,
+        body: F,
+        vectors: usize,
+    ) -> Result<Kernel, BoxError> {
         let c = self;
         let ty = TensorType::new(c.dtype, [c.rows, c.cols]);
         let mut call = pallas_call(body)
             .grid([c.rows.div_ceil(c.block_rows)])
-            .input(ty.clone(), block_spec([c.block_rows, c.cols], |i| vec![pid(i, 0), zero()]));
+            .input(
+                ty.clone(),
+                block_spec([c.block_rows, c.cols], |i| vec![pid(i, 0), zero()]),
+            );
         for _ in 0..vectors {
-            call = call.input(TensorType::new(c.dtype, [c.cols]), block_spec([c.cols], |_| vec![zero()]));
+            call = call.input(
+                TensorType::new(c.dtype, [c.cols]),
+                block_spec([c.cols], |_| vec![zero()]),
+            );
         }
         Ok(call
-            .output(ty, block_spec([c.block_rows, c.cols], |i| vec![pid(i, 0), zero()]))
+            .output(
+                ty,
+                block_spec([c.block_rows, c.cols], |i| vec![pid(i, 0), zero()]),
+            )
             .build()?)
     }
 
     fn inputs(self, vectors: usize, seed: u64) -> Result<Vec<Array>, BoxError> {
-        let mut out = vec![random_array(self.dtype, &[self.rows, self.cols], seed, 2.0)?];
+        let mut out = vec![random_array(
+            self.dtype,
+            &[self.rows, self.cols],
+            seed,
+            2.0,
+        )?];
         for v in 0..vectors {
-            out.push(random_array(self.dtype, &[self.cols], seed + 1 + v as u64, 1.0)?);
+            out.push(random_array(
+                self.dtype,
+                &[self.cols],
+                seed + 1 + v as u64,
+                1.0,
+            )?);
         }
         Ok(out)
     }
@@ -96,7 +142,11 @@ fn reference_norm(inputs: &[Array], c: NormConfig, center: bool) -> Vec<f64> {
     let n = c.cols as f64;
     let mut out = Vec::with_capacity(x.len());
     for row in x.chunks(c.cols as usize) {
-        let mean = if center { row.iter().sum::<f64>() / n } else { 0.0 };
+        let mean = if center {
+            row.iter().sum::<f64>() / n
+        } else {
+            0.0
+        };
         let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
         let inv = 1.0 / (var + c.eps).sqrt();
         for (j, v) in row.iter().enumerate() {
@@ -127,10 +177,15 @@ impl LibraryKernel for RmsNorm {
         NormConfig::from_params(p)?.inputs(1, seed)
     }
     fn reference(&self, p: &Params, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
-        Ok(vec![reference_norm(inputs, NormConfig::from_params(p)?, false)])
+        Ok(vec![reference_norm(
+            inputs,
+            NormConfig::from_params(p)?,
+            false,
+        )])
     }
     fn tolerance(&self, p: &Params) -> Tolerance {
-        NormConfig::from_params(p).map_or(tolerance_for(DType::F32, 1), |c| tolerance_for(c.dtype, 4))
+        NormConfig::from_params(p)
+            .map_or(tolerance_for(DType::F32, 1), |c| tolerance_for(c.dtype, 4))
     }
     fn flops(&self, p: &Params) -> f64 {
         NormConfig::from_params(p).map_or(0.0, |c| 4.0 * (c.rows * c.cols) as f64)
@@ -158,10 +213,15 @@ impl LibraryKernel for LayerNorm {
         NormConfig::from_params(p)?.inputs(2, seed)
     }
     fn reference(&self, p: &Params, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
-        Ok(vec![reference_norm(inputs, NormConfig::from_params(p)?, true)])
+        Ok(vec![reference_norm(
+            inputs,
+            NormConfig::from_params(p)?,
+            true,
+        )])
     }
     fn tolerance(&self, p: &Params) -> Tolerance {
-        NormConfig::from_params(p).map_or(tolerance_for(DType::F32, 1), |c| tolerance_for(c.dtype, 4))
+        NormConfig::from_params(p)
+            .map_or(tolerance_for(DType::F32, 1), |c| tolerance_for(c.dtype, 4))
     }
     fn flops(&self, p: &Params) -> f64 {
         NormConfig::from_params(p).map_or(0.0, |c| 7.0 * (c.rows * c.cols) as f64)

@@ -38,15 +38,24 @@ impl Params {
     /// The defaults of `defs`, overridden by `key=value` pairs (comma-separated lists
     /// are accepted). Unknown keys are errors that list the known ones.
     pub fn parse(defs: &'static [ParamDef], overrides: &[String]) -> Result<Params, ParamError> {
-        let mut values: BTreeMap<&'static str, String> =
-            defs.iter().map(|d| (d.name, d.default.to_string())).collect();
-        for item in overrides.iter().flat_map(|o| o.split(',')).filter(|s| !s.is_empty()) {
-            let (k, v) = item.split_once('=').ok_or_else(|| {
-                ParamError(format!("`{item}` is not `name=value`"))
-            })?;
+        let mut values: BTreeMap<&'static str, String> = defs
+            .iter()
+            .map(|d| (d.name, d.default.to_string()))
+            .collect();
+        for item in overrides
+            .iter()
+            .flat_map(|o| o.split(','))
+            .filter(|s| !s.is_empty())
+        {
+            let (k, v) = item
+                .split_once('=')
+                .ok_or_else(|| ParamError(format!("`{item}` is not `name=value`")))?;
             let def = defs.iter().find(|d| d.name == k.trim()).ok_or_else(|| {
                 let known: Vec<_> = defs.iter().map(|d| d.name).collect();
-                ParamError(format!("unknown parameter `{k}`; known: {}", known.join(", ")))
+                ParamError(format!(
+                    "unknown parameter `{k}`; known: {}",
+                    known.join(", ")
+                ))
             })?;
             values.insert(def.name, v.trim().to_string());
         }
@@ -71,7 +80,9 @@ impl Params {
         let raw = self.raw(name)?;
         match raw.parse::<u64>() {
             Ok(v) if v > 0 => Ok(v),
-            _ => Err(ParamError(format!("`{name}` must be a positive integer, got `{raw}`"))),
+            _ => Err(ParamError(format!(
+                "`{name}` must be a positive integer, got `{raw}`"
+            ))),
         }
     }
 
@@ -80,7 +91,9 @@ impl Params {
         match self.raw(name)? {
             "true" | "1" => Ok(true),
             "false" | "0" => Ok(false),
-            other => Err(ParamError(format!("`{name}` must be true or false, got `{other}`"))),
+            other => Err(ParamError(format!(
+                "`{name}` must be true or false, got `{other}`"
+            ))),
         }
     }
 
@@ -104,14 +117,21 @@ impl Params {
             .filter(|d| allowed.contains(d))
             .ok_or_else(|| {
                 let names: Vec<_> = allowed.iter().map(|d| d.name()).collect();
-                ParamError(format!("`{name}` must be one of {}, got `{raw}`", names.join(", ")))
+                ParamError(format!(
+                    "`{name}` must be one of {}, got `{raw}`",
+                    names.join(", ")
+                ))
             })
     }
 }
 
 impl fmt::Display for Params {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let parts: Vec<String> = self.values.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let parts: Vec<String> = self
+            .values
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
         f.write_str(&parts.join(","))
     }
 }

@@ -29,7 +29,12 @@ pub struct RopeConfig {
 #[kernel_fn]
 fn load_half(r: Ref, rows: u64, col0: u64, cols: u64, row0: Tensor, limit: u64) -> Tensor {
     if limit % rows != 0 {
-        r.load_masked(s![.., ds(col0, cols)], rows_below(rows, cols, row0, limit), 0.0).cast(DType::F32)
+        r.load_masked(
+            s![.., ds(col0, cols)],
+            rows_below(rows, cols, row0, limit),
+            0.0,
+        )
+        .cast(DType::F32)
     } else {
         r.load(s![.., ds(col0, cols)]).cast(DType::F32)
     }
@@ -39,7 +44,11 @@ fn load_half(r: Ref, rows: u64, col0: u64, cols: u64, row0: Tensor, limit: u64) 
 #[kernel_fn]
 fn store_half(r: Ref, v: Tensor, rows: u64, col0: u64, cols: u64, row0: Tensor, limit: u64) {
     if limit % rows != 0 {
-        r.store_masked(s![.., ds(col0, cols)], v, rows_below(rows, cols, row0, limit));
+        r.store_masked(
+            s![.., ds(col0, cols)],
+            v,
+            rows_below(rows, cols, row0, limit),
+        );
     } else {
         r.store(s![.., ds(col0, cols)], v);
     }
@@ -51,10 +60,32 @@ fn rope(x: Ref, cos: Ref, sin: Ref, o: Ref, #[comptime] c: RopeConfig) {
     let row0 = program_id(2) * bs;
     let x1 = load_half(x, bs, 0, half, row0, c.seq);
     let x2 = load_half(x, bs, half, half, row0, c.seq);
-    let (c1, c2) = (load_half(cos, bs, 0, half, row0, c.seq), load_half(cos, bs, half, half, row0, c.seq));
-    let (s1, s2) = (load_half(sin, bs, 0, half, row0, c.seq), load_half(sin, bs, half, half, row0, c.seq));
-    store_half(o, (x1 * c1 - x2 * s1).cast(c.dtype), bs, 0, half, row0, c.seq);
-    store_half(o, (x2 * c2 + x1 * s2).cast(c.dtype), bs, half, half, row0, c.seq);
+    let (c1, c2) = (
+        load_half(cos, bs, 0, half, row0, c.seq),
+        load_half(cos, bs, half, half, row0, c.seq),
+    );
+    let (s1, s2) = (
+        load_half(sin, bs, 0, half, row0, c.seq),
+        load_half(sin, bs, half, half, row0, c.seq),
+    );
+    store_half(
+        o,
+        (x1 * c1 - x2 * s1).cast(c.dtype),
+        bs,
+        0,
+        half,
+        row0,
+        c.seq,
+    );
+    store_half(
+        o,
+        (x2 * c2 + x1 * s2).cast(c.dtype),
+        bs,
+        half,
+        half,
+        row0,
+        c.seq,
+    );
 }
 
 impl RopeConfig {
@@ -97,12 +128,36 @@ impl RopeConfig {
 }
 
 const PARAMS: &[ParamDef] = &[
-    ParamDef { name: "batch", default: "1", help: "batch" },
-    ParamDef { name: "heads", default: "8", help: "heads" },
-    ParamDef { name: "seq", default: "512", help: "sequence length" },
-    ParamDef { name: "head_dim", default: "64", help: "head dim (even)" },
-    ParamDef { name: "block_seq", default: "128", help: "positions per block" },
-    ParamDef { name: "dtype", default: "f32", help: "f32, bf16 or f16 (f32 math)" },
+    ParamDef {
+        name: "batch",
+        default: "1",
+        help: "batch",
+    },
+    ParamDef {
+        name: "heads",
+        default: "8",
+        help: "heads",
+    },
+    ParamDef {
+        name: "seq",
+        default: "512",
+        help: "sequence length",
+    },
+    ParamDef {
+        name: "head_dim",
+        default: "64",
+        help: "head dim (even)",
+    },
+    ParamDef {
+        name: "block_seq",
+        default: "128",
+        help: "positions per block",
+    },
+    ParamDef {
+        name: "dtype",
+        default: "f32",
+        help: "f32, bf16 or f16 (f32 math)",
+    },
 ];
 
 /// Rotary embedding of `[batch, heads, seq, head_dim]` activations.
@@ -148,16 +203,23 @@ impl LibraryKernel for Rope {
         for (r, row) in x.chunks(d).enumerate() {
             let t = r % s;
             for j in 0..d {
-                let rotated = if j < half { -row[j + half] } else { row[j - half] };
+                let rotated = if j < half {
+                    -row[j + half]
+                } else {
+                    row[j - half]
+                };
                 out[r * d + j] = row[j] * cos[t * d + j] + rotated * sin[t * d + j];
             }
         }
         Ok(vec![out])
     }
     fn tolerance(&self, p: &Params) -> Tolerance {
-        RopeConfig::from_params(p).map_or(tolerance_for(DType::F32, 1), |c| tolerance_for(c.dtype, 2))
+        RopeConfig::from_params(p)
+            .map_or(tolerance_for(DType::F32, 1), |c| tolerance_for(c.dtype, 2))
     }
     fn flops(&self, p: &Params) -> f64 {
-        RopeConfig::from_params(p).map_or(0.0, |c| 3.0 * (c.batch * c.heads * c.seq * c.head_dim) as f64)
+        RopeConfig::from_params(p).map_or(0.0, |c| {
+            3.0 * (c.batch * c.heads * c.seq * c.head_dim) as f64
+        })
     }
 }

@@ -27,7 +27,16 @@ fn softmax(x: Ref, o: Ref, #[comptime] c: SoftmaxConfig) {
     let v = load_tile(x, c.block_rows, c.cols, row0, index(0), c.rows, c.cols).cast(DType::F32);
     let e = (v - v.max_keepdims(1)).exp();
     let p = e / e.sum_keepdims(1);
-    store_tile(o, p.cast(c.dtype), c.block_rows, c.cols, row0, index(0), c.rows, c.cols);
+    store_tile(
+        o,
+        p.cast(c.dtype),
+        c.block_rows,
+        c.cols,
+        row0,
+        index(0),
+        c.rows,
+        c.cols,
+    );
 }
 
 impl SoftmaxConfig {
@@ -48,18 +57,40 @@ impl SoftmaxConfig {
         let ty = TensorType::new(c.dtype, [c.rows, c.cols]);
         Ok(pallas_call(move |x, o| softmax(x, o, c))
             .grid([c.rows.div_ceil(c.block_rows)])
-            .input(ty.clone(), block_spec([c.block_rows, c.cols], |i| vec![pid(i, 0), zero()]))
-            .output(ty, block_spec([c.block_rows, c.cols], |i| vec![pid(i, 0), zero()]))
+            .input(
+                ty.clone(),
+                block_spec([c.block_rows, c.cols], |i| vec![pid(i, 0), zero()]),
+            )
+            .output(
+                ty,
+                block_spec([c.block_rows, c.cols], |i| vec![pid(i, 0), zero()]),
+            )
             .build()?)
     }
 }
 
 /// Row-wise parameters shared by softmax and the norms.
 pub(crate) const ROW_PARAMS: &[ParamDef] = &[
-    ParamDef { name: "rows", default: "512", help: "rows" },
-    ParamDef { name: "cols", default: "1024", help: "columns (the reduced axis)" },
-    ParamDef { name: "block_rows", default: "8", help: "rows per block" },
-    ParamDef { name: "dtype", default: "f32", help: "f32, bf16 or f16 (f32 math)" },
+    ParamDef {
+        name: "rows",
+        default: "512",
+        help: "rows",
+    },
+    ParamDef {
+        name: "cols",
+        default: "1024",
+        help: "columns (the reduced axis)",
+    },
+    ParamDef {
+        name: "block_rows",
+        default: "8",
+        help: "rows per block",
+    },
+    ParamDef {
+        name: "dtype",
+        default: "f32",
+        help: "f32, bf16 or f16 (f32 math)",
+    },
 ];
 
 /// `softmax(x)` along the last axis.
@@ -94,7 +125,8 @@ impl LibraryKernel for Softmax {
         Ok(vec![out])
     }
     fn tolerance(&self, p: &Params) -> Tolerance {
-        SoftmaxConfig::from_params(p).map_or(tolerance_for(DType::F32, 1), |c| tolerance_for(c.dtype, 1))
+        SoftmaxConfig::from_params(p)
+            .map_or(tolerance_for(DType::F32, 1), |c| tolerance_for(c.dtype, 1))
     }
     fn flops(&self, p: &Params) -> f64 {
         SoftmaxConfig::from_params(p).map_or(0.0, |c| 5.0 * (c.rows * c.cols) as f64)

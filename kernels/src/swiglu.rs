@@ -61,11 +61,31 @@ impl SwigluConfig {
 }
 
 const PARAMS: &[ParamDef] = &[
-    ParamDef { name: "rows", default: "512", help: "rows" },
-    ParamDef { name: "cols", default: "1024", help: "columns" },
-    ParamDef { name: "block_rows", default: "8", help: "tile rows" },
-    ParamDef { name: "block_cols", default: "512", help: "tile columns" },
-    ParamDef { name: "dtype", default: "f32", help: "f32, bf16 or f16 (f32 math)" },
+    ParamDef {
+        name: "rows",
+        default: "512",
+        help: "rows",
+    },
+    ParamDef {
+        name: "cols",
+        default: "1024",
+        help: "columns",
+    },
+    ParamDef {
+        name: "block_rows",
+        default: "8",
+        help: "tile rows",
+    },
+    ParamDef {
+        name: "block_cols",
+        default: "512",
+        help: "tile columns",
+    },
+    ParamDef {
+        name: "dtype",
+        default: "f32",
+        help: "f32, bf16 or f16 (f32 math)",
+    },
 ];
 
 /// Fused `silu(a) * b`.
@@ -93,10 +113,15 @@ impl LibraryKernel for Swiglu {
     }
     fn reference(&self, _p: &Params, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
         let (a, b) = (inputs[0].to_f64(), inputs[1].to_f64());
-        Ok(vec![a.iter().zip(&b).map(|(x, g)| x / (1.0 + (-x).exp()) * g).collect()])
+        Ok(vec![a
+            .iter()
+            .zip(&b)
+            .map(|(x, g)| x / (1.0 + (-x).exp()) * g)
+            .collect()])
     }
     fn tolerance(&self, p: &Params) -> Tolerance {
-        SwigluConfig::from_params(p).map_or(tolerance_for(DType::F32, 1), |c| tolerance_for(c.dtype, 1))
+        SwigluConfig::from_params(p)
+            .map_or(tolerance_for(DType::F32, 1), |c| tolerance_for(c.dtype, 1))
     }
     fn flops(&self, p: &Params) -> f64 {
         SwigluConfig::from_params(p).map_or(0.0, |c| 5.0 * (c.rows * c.cols) as f64)

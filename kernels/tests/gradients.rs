@@ -2,10 +2,17 @@
 //! reference: independent of the analytic reference gradients.
 
 use kernel_ir::{interpret, Array, DType, InterpretOptions, Kernel};
-use kernels::{find, AttentionConfig, BoxError, LibraryKernel as _, Params};
+use kernels::{find, AttentionConfig, BoxError, Params};
 
 fn interp(k: &Kernel, inputs: &[Array]) -> Result<Vec<Array>, BoxError> {
-    Ok(interpret(k, inputs, &InterpretOptions { poison_uninitialized: true, threads: 1 })?)
+    Ok(interpret(
+        k,
+        inputs,
+        &InterpretOptions {
+            poison_uninitialized: true,
+            threads: 1,
+        },
+    )?)
 }
 
 /// `sum(o * do)` with o from the f64 reference forward.
@@ -45,7 +52,34 @@ fn finite_difference_check(pairs: &[(&str, &str)]) {
 
 #[test]
 fn gradients_match_finite_differences() {
-    finite_difference_check(&[("heads", "2"), ("kv_heads", "1"), ("q_len", "5"), ("kv_len", "7"), ("head_dim", "8"), ("block_q", "2"), ("block_k", "3")]);
-    finite_difference_check(&[("heads", "2"), ("kv_heads", "2"), ("q_len", "6"), ("kv_len", "4"), ("head_dim", "4"), ("block_q", "4"), ("block_k", "2"), ("causal", "true")]);
-    finite_difference_check(&[("heads", "1"), ("kv_heads", "1"), ("q_len", "3"), ("kv_len", "9"), ("head_dim", "6"), ("block_q", "2"), ("block_k", "4"), ("causal", "true"), ("scale", "0.7")]);
+    finite_difference_check(&[
+        ("heads", "2"),
+        ("kv_heads", "1"),
+        ("q_len", "5"),
+        ("kv_len", "7"),
+        ("head_dim", "8"),
+        ("block_q", "2"),
+        ("block_k", "3"),
+    ]);
+    finite_difference_check(&[
+        ("heads", "2"),
+        ("kv_heads", "2"),
+        ("q_len", "6"),
+        ("kv_len", "4"),
+        ("head_dim", "4"),
+        ("block_q", "4"),
+        ("block_k", "2"),
+        ("causal", "true"),
+    ]);
+    finite_difference_check(&[
+        ("heads", "1"),
+        ("kv_heads", "1"),
+        ("q_len", "3"),
+        ("kv_len", "9"),
+        ("head_dim", "6"),
+        ("block_q", "2"),
+        ("block_k", "4"),
+        ("causal", "true"),
+        ("scale", "0.7"),
+    ]);
 }

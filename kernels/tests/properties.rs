@@ -7,14 +7,22 @@ use kernels::{check, find, BoxError, Params};
 use proptest::prelude::*;
 
 fn interp(k: &Kernel, inputs: &[Array]) -> Result<Vec<Array>, BoxError> {
-    Ok(interpret(k, inputs, &InterpretOptions { poison_uninitialized: true, threads: 0 })?)
+    Ok(interpret(
+        k,
+        inputs,
+        &InterpretOptions {
+            poison_uninitialized: true,
+            threads: 0,
+        },
+    )?)
 }
 
 fn check_params(name: &str, pairs: &[(&str, String)], seed: u64) -> Result<(), TestCaseError> {
     let k = find(name).unwrap();
     let pairs: Vec<(&str, &str)> = pairs.iter().map(|(a, b)| (*a, b.as_str())).collect();
     let p = Params::with(k.params(), &pairs).unwrap();
-    let c = check(k, &p, seed, &mut interp).map_err(|e| TestCaseError::fail(format!("{name} {p}: {e}")))?;
+    let c = check(k, &p, seed, &mut interp)
+        .map_err(|e| TestCaseError::fail(format!("{name} {p}: {e}")))?;
     prop_assert!(c.ok(), "{} {}: {:?}", name, p, c);
     Ok(())
 }
@@ -72,7 +80,13 @@ proptest! {
 fn attention_case() -> impl Strategy<Value = Vec<(&'static str, String)>> {
     (
         1u64..=2,
-        prop_oneof![Just((1u64, 1u64)), Just((2, 1)), Just((4, 2)), Just((3, 3)), Just((4, 1))],
+        prop_oneof![
+            Just((1u64, 1u64)),
+            Just((2, 1)),
+            Just((4, 2)),
+            Just((3, 3)),
+            Just((4, 1))
+        ],
         prop_oneof![Just(1u64), 2u64..=9, 10u64..=70, Just(64u64)],
         prop_oneof![Just(1u64), 2u64..=9, 10u64..=70, Just(64u64)],
         prop_oneof![Just(32u64), Just(40), Just(64), Just(8)],
@@ -82,21 +96,23 @@ fn attention_case() -> impl Strategy<Value = Vec<(&'static str, String)>> {
         prop_oneof![Just("f32"), Just("bf16")],
         prop_oneof![Just("none".to_string()), Just("0.3".to_string())],
     )
-        .prop_map(|(batch, (heads, kv_heads), q_len, kv_len, head_dim, bq, bk, causal, dtype, scale)| {
-            vec![
-                ("batch", batch.to_string()),
-                ("heads", heads.to_string()),
-                ("kv_heads", kv_heads.to_string()),
-                ("q_len", q_len.to_string()),
-                ("kv_len", kv_len.to_string()),
-                ("head_dim", head_dim.to_string()),
-                ("block_q", bq.to_string()),
-                ("block_k", bk.to_string()),
-                ("causal", causal.to_string()),
-                ("dtype", dtype.to_string()),
-                ("scale", scale),
-            ]
-        })
+        .prop_map(
+            |(batch, (heads, kv_heads), q_len, kv_len, head_dim, bq, bk, causal, dtype, scale)| {
+                vec![
+                    ("batch", batch.to_string()),
+                    ("heads", heads.to_string()),
+                    ("kv_heads", kv_heads.to_string()),
+                    ("q_len", q_len.to_string()),
+                    ("kv_len", kv_len.to_string()),
+                    ("head_dim", head_dim.to_string()),
+                    ("block_q", bq.to_string()),
+                    ("block_k", bk.to_string()),
+                    ("causal", causal.to_string()),
+                    ("dtype", dtype.to_string()),
+                    ("scale", scale),
+                ]
+            },
+        )
 }
 
 proptest! {
@@ -119,12 +135,52 @@ fn attention_edge_cases() {
     let cases: &[&[(&str, &str)]] = &[
         &[("q_len", "1"), ("kv_len", "1")],
         &[("q_len", "1"), ("kv_len", "77"), ("causal", "true")],
-        &[("q_len", "64"), ("kv_len", "64"), ("block_q", "64"), ("block_k", "64")],
-        &[("q_len", "100"), ("kv_len", "37"), ("causal", "true"), ("block_q", "32"), ("block_k", "16")],
-        &[("q_len", "37"), ("kv_len", "100"), ("causal", "true"), ("block_q", "16"), ("block_k", "32")],
-        &[("heads", "8"), ("kv_heads", "1"), ("q_len", "33"), ("kv_len", "65"), ("block_q", "16"), ("block_k", "32")],
-        &[("head_dim", "256"), ("q_len", "40"), ("kv_len", "48"), ("block_q", "16"), ("block_k", "16"), ("heads", "2"), ("kv_heads", "2")],
-        &[("head_dim", "128"), ("q_len", "50"), ("kv_len", "50"), ("dtype", "bf16"), ("causal", "true"), ("block_q", "32"), ("block_k", "32")],
+        &[
+            ("q_len", "64"),
+            ("kv_len", "64"),
+            ("block_q", "64"),
+            ("block_k", "64"),
+        ],
+        &[
+            ("q_len", "100"),
+            ("kv_len", "37"),
+            ("causal", "true"),
+            ("block_q", "32"),
+            ("block_k", "16"),
+        ],
+        &[
+            ("q_len", "37"),
+            ("kv_len", "100"),
+            ("causal", "true"),
+            ("block_q", "16"),
+            ("block_k", "32"),
+        ],
+        &[
+            ("heads", "8"),
+            ("kv_heads", "1"),
+            ("q_len", "33"),
+            ("kv_len", "65"),
+            ("block_q", "16"),
+            ("block_k", "32"),
+        ],
+        &[
+            ("head_dim", "256"),
+            ("q_len", "40"),
+            ("kv_len", "48"),
+            ("block_q", "16"),
+            ("block_k", "16"),
+            ("heads", "2"),
+            ("kv_heads", "2"),
+        ],
+        &[
+            ("head_dim", "128"),
+            ("q_len", "50"),
+            ("kv_len", "50"),
+            ("dtype", "bf16"),
+            ("causal", "true"),
+            ("block_q", "32"),
+            ("block_k", "32"),
+        ],
     ];
     for case in cases {
         let owned: Vec<(&str, String)> = case.iter().map(|(a, b)| (*a, b.to_string())).collect();

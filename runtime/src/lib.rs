@@ -1,1 +1,197 @@
-//! runtime
+//! Runs kernels on a backend and says which one and why.
+//!
+//! The rule (DESIGN.md): native code when its constraints hold, else the XLA fallback,
+//! else the interpreter. A request is `interp`, `xla`, `native` or `auto`; it comes from
+//! the caller or `TESSERA_BACKEND`. This build has the interpreter; the XLA and native
+//! backends are reported as unavailable with the reason, so `auto` resolves to the
+//! interpreter and an explicit request for another backend is an error.
+
+use std::fmt;
+use std::str::FromStr;
+
+use kernel_ir::{interpret, Array, InterpretOptions, Kernel, RunError};
+
+/// A backend, or `Auto` to let the runtime choose.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// The reference interpreter (always available).
+    Interp,
+    /// StableHLO through a PJRT XLA CPU plugin.
+    Xla,
+    /// Native code JIT-compiled from upstream MLIR.
+    Native,
+    /// The best available backend whose constraints hold.
+    Auto,
+}
+
+impl Backend {
+    /// Every concrete backend, best first.
+    pub const PREFERENCE: [Backend; 3] = [Backend::Native, Backend::Xla, Backend::Interp];
+
+    /// The name used on the command line and in `TESSERA_BACKEND`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Interp => "interp",
+            Backend::Xla => "xla",
+            Backend::Native => "native",
+            Backend::Auto => "auto",
+        }
+    }
+
+    /// Why this backend cannot run `kernel` here, or `None` if it can.
+    pub fn unavailable_because(self, _kernel: &Kernel) -> Option<&'static str> {
+        match self {
+            Backend::Interp | Backend::Auto => None,
+            Backend::Xla => {
+                Some("the XLA (PJRT) backend is not built into this version of tessera")
+            }
+            Backend::Native => {
+                Some("the native MLIR backend is not built into this version of tessera")
+            }
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Backend {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        match s {
+            "interp" => Ok(Backend::Interp),
+            "xla" => Ok(Backend::Xla),
+            "native" => Ok(Backend::Native),
+            "auto" => Ok(Backend::Auto),
+            other => Err(Error::UnknownBackend(other.to_string())),
+        }
+    }
+}
+
+/// Errors of the runtime.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A backend name that does not exist.
+    #[error("unknown backend `{0}`: expected interp, xla, native or auto")]
+    UnknownBackend(String),
+    /// A backend that cannot run here.
+    #[error("backend `{backend}` is unavailable: {reason}")]
+    Unavailable {
+        /// The backend asked for.
+        backend: Backend,
+        /// Why it cannot run.
+        reason: String,
+    },
+    /// The kernel failed while running.
+    #[error(transparent)]
+    Run(#[from] RunError),
+}
+
+/// The backend a call resolved to and the reasons other backends were passed over.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resolution {
+    /// The backend that runs the kernel.
+    pub backend: Backend,
+    /// One line per better backend that was skipped, with the reason.
+    pub fallbacks: Vec<String>,
+}
+
+/// The backend requested by `TESSERA_BACKEND`, if set.
+pub fn backend_from_env() -> Result<Option<Backend>, Error> {
+    match std::env::var("TESSERA_BACKEND") {
+        Ok(v) if !v.is_empty() => v.parse().map(Some),
+        _ => Ok(None),
+    }
+}
+
+/// Picks the backend for `kernel`: the requested one if it can run it, or for `Auto`
+/// the first of [`Backend::PREFERENCE`] that can.
+pub fn resolve(requested: Backend, kernel: &Kernel) -> Result<Resolution, Error> {
+    if requested != Backend::Auto {
+        return match requested.unavailable_because(kernel) {
+            None => Ok(Resolution {
+                backend: requested,
+                fallbacks: vec![],
+            }),
+            Some(reason) => Err(Error::Unavailable {
+                backend: requested,
+                reason: reason.into(),
+            }),
+        };
+    }
+    let mut fallbacks = Vec::new();
+    for b in Backend::PREFERENCE {
+        match b.unavailable_because(kernel) {
+            None => {
+                return Ok(Resolution {
+                    backend: b,
+                    fallbacks,
+                })
+            }
+            Some(reason) => fallbacks.push(format!("{b}: {reason}")),
+        }
+    }
+    unreachable!("the interpreter is always available")
+}
+
+/// Runs `kernel` on the resolved backend.
+pub fn run(
+    kernel: &Kernel,
+    inputs: &[Array],
+    requested: Backend,
+) -> Result<(Vec<Array>, Resolution), Error> {
+    let resolution = resolve(requested, kernel)?;
+    let outputs = match resolution.backend {
+        Backend::Interp => interpret(kernel, inputs, &InterpretOptions::default())?,
+        other => unreachable!("resolve() only returns available backends, got {other}"),
+    };
+    Ok((outputs, resolution))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kernel_ir::dsl::prelude::*;
+
+    fn tiny() -> Kernel {
+        pallas_call(|x: Ref, o: Ref| o.write(x.read()))
+            .grid([1])
+            .input(
+                TensorType::new(DType::F32, [8]),
+                block_spec([8], |_| vec![0.into()]),
+            )
+            .output(
+                TensorType::new(DType::F32, [8]),
+                block_spec([8], |_| vec![0.into()]),
+            )
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn auto_falls_back_to_the_interpreter_with_reasons() {
+        let r = resolve(Backend::Auto, &tiny()).unwrap();
+        assert_eq!(r.backend, Backend::Interp);
+        assert_eq!(r.fallbacks.len(), 2);
+        assert!(r.fallbacks[0].starts_with("native: "));
+    }
+
+    #[test]
+    fn unavailable_backends_are_errors_when_asked_for() {
+        let e = resolve(Backend::Xla, &tiny()).unwrap_err();
+        assert!(e.to_string().starts_with("backend `xla` is unavailable"));
+        assert!("cuda".parse::<Backend>().is_err());
+        assert_eq!("native".parse::<Backend>().unwrap(), Backend::Native);
+    }
+
+    #[test]
+    fn runs_on_the_interpreter() {
+        let x = Array::from_f32(DType::F32, [8], (0..8).map(|i| i as f32).collect()).unwrap();
+        let (out, r) = run(&tiny(), &[x.clone()], Backend::Auto).unwrap();
+        assert_eq!(out[0], x);
+        assert_eq!(r.backend, Backend::Interp);
+    }
+}

@@ -24,20 +24,26 @@ pub(crate) fn with_builder<R>(
             "a Tessera kernel value was used outside a kernel body: \
              kernel code only runs while `pallas_call(...).build()` traces it",
         );
-        b.set_location(Some(format!("{}:{}:{}", location.file(), location.line(), location.column())));
+        b.set_location(Some(format!(
+            "{}:{}:{}",
+            location.file(),
+            location.line(),
+            location.column()
+        )));
         f(b)
     })
 }
 
-/// Installs `builder` as the current kernel; fails if one is already being traced.
-pub(crate) fn install(builder: KernelBuilder) -> Result<(), KernelBuilder> {
+/// Installs `builder` as the current kernel; returns false (and drops it) if a kernel
+/// is already being traced.
+pub(crate) fn install(builder: KernelBuilder) -> bool {
     CURRENT.with(|c| {
         let mut slot = c.borrow_mut();
         if slot.is_some() {
-            return Err(builder);
+            return false;
         }
         *slot = Some(builder);
-        Ok(())
+        true
     })
 }
 

@@ -123,11 +123,21 @@ pub fn for_range<T: Carry>(
 /// and the branch value `R`.
 pub trait Condition<T, R> {
     /// Runs or traces the branches.
-    fn branch(self, vars: T, then_branch: impl FnOnce(T) -> (T, R), else_branch: impl FnOnce(T) -> (T, R)) -> (T, R);
+    fn branch(
+        self,
+        vars: T,
+        then_branch: impl FnOnce(T) -> (T, R),
+        else_branch: impl FnOnce(T) -> (T, R),
+    ) -> (T, R);
 }
 
 impl<T, R> Condition<T, R> for bool {
-    fn branch(self, vars: T, then_branch: impl FnOnce(T) -> (T, R), else_branch: impl FnOnce(T) -> (T, R)) -> (T, R) {
+    fn branch(
+        self,
+        vars: T,
+        then_branch: impl FnOnce(T) -> (T, R),
+        else_branch: impl FnOnce(T) -> (T, R),
+    ) -> (T, R) {
         if self {
             then_branch(vars)
         } else {
@@ -138,7 +148,12 @@ impl<T, R> Condition<T, R> for bool {
 
 impl<T: Carry, R: Carry> Condition<T, R> for Tensor {
     #[track_caller]
-    fn branch(self, vars: T, then_branch: impl FnOnce(T) -> (T, R), else_branch: impl FnOnce(T) -> (T, R)) -> (T, R) {
+    fn branch(
+        self,
+        vars: T,
+        then_branch: impl FnOnce(T) -> (T, R),
+        else_branch: impl FnOnce(T) -> (T, R),
+    ) -> (T, R) {
         let loc = Location::caller();
         with_builder(loc, |b| b.begin_if(self.value()));
         let then_out = then_branch(vars);

@@ -37,7 +37,9 @@ pub use tensor::{
 };
 
 use crate::builder::KernelBuilder;
-use crate::ir::{BlockDim, BlockSpec, DimSemantics, IndexExpr, IndexMap, Kernel, MemorySpace, RefId};
+use crate::ir::{
+    BlockDim, BlockSpec, DimSemantics, IndexExpr, IndexMap, Kernel, MemorySpace, RefId,
+};
 use crate::types::TensorType;
 use crate::verify::VerifyError;
 
@@ -71,10 +73,13 @@ pub fn report_error(op: &str, message: &str) {
     context::with_builder(Location::caller(), |b| b.report(op, message));
 }
 
+/// An index map written as a closure over the program-id expressions.
+type IndexMapFn = Box<dyn Fn(&[IndexExpr]) -> Vec<IndexExpr>>;
+
 /// A block shape and an index map, before the grid rank is known (Pallas `BlockSpec`).
 pub struct BlockSpecFn {
     block_shape: Vec<BlockDim>,
-    index_map: Box<dyn Fn(&[IndexExpr]) -> Vec<IndexExpr>>,
+    index_map: IndexMapFn,
     memory_space: MemorySpace,
 }
 
@@ -119,7 +124,10 @@ pub fn block_spec<D: IntoBlockDim>(
     index_map: impl Fn(&[IndexExpr]) -> Vec<IndexExpr> + 'static,
 ) -> BlockSpecFn {
     BlockSpecFn {
-        block_shape: block_shape.into_iter().map(IntoBlockDim::into_block_dim).collect(),
+        block_shape: block_shape
+            .into_iter()
+            .map(IntoBlockDim::into_block_dim)
+            .collect(),
         index_map: Box::new(index_map),
         memory_space: MemorySpace::Vmem,
     }
@@ -242,7 +250,10 @@ impl<A, F: KernelBody<A>> PallasCall<A, F> {
     /// Traces the body and verifies the kernel.
     pub fn build(self) -> Result<Kernel, VerifyError> {
         let rank = self.grid.len();
-        let mut b = KernelBuilder::new(self.name.clone().unwrap_or_else(|| "kernel".into()), self.grid);
+        let mut b = KernelBuilder::new(
+            self.name.clone().unwrap_or_else(|| "kernel".into()),
+            self.grid,
+        );
         if let Some(s) = self.semantics {
             b.dimension_semantics(s);
         }
@@ -269,7 +280,7 @@ impl<A, F: KernelBody<A>> PallasCall<A, F> {
                 ),
             });
         }
-        if context::install(b).is_err() {
+        if !context::install(b) {
             return Err(VerifyError {
                 op: "pallas_call".into(),
                 message: "pallas_call cannot be built inside another kernel body".into(),

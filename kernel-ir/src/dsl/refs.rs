@@ -186,7 +186,10 @@ impl Ref {
                     SliceArg::At(t) => Index::At(t.value()),
                     SliceArg::Range(lo, hi) => {
                         if lo < 0 || hi <= lo {
-                            b.report("load/store", format!("slice {lo}..{hi} is empty or negative"));
+                            b.report(
+                                "load/store",
+                                format!("slice {lo}..{hi} is empty or negative"),
+                            );
                         }
                         Index::Slice {
                             start: Start::Static(lo.max(0) as u64),

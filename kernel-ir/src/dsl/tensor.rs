@@ -167,17 +167,26 @@ impl Tensor {
         dot_general(self, rhs, false, false)
     }
 
-    /// Converts to `dtype`.
+    /// Converts to `dtype` (no op when it already has that dtype).
     #[track_caller]
     pub fn cast(self, dtype: DType) -> Tensor {
-        Tensor::from_value(with_builder(Location::caller(), |b| b.cast(self.value, dtype)))
+        let v = with_builder(Location::caller(), |b| {
+            if b.type_of(self.value).dtype == dtype {
+                self.value
+            } else {
+                b.cast(self.value, dtype)
+            }
+        });
+        Tensor::from_value(v)
     }
 
     /// Same elements in a new shape.
     #[track_caller]
     pub fn reshape(self, shape: impl Into<Vec<u64>>) -> Tensor {
         let shape = shape.into();
-        Tensor::from_value(with_builder(Location::caller(), |b| b.reshape(self.value, shape)))
+        Tensor::from_value(with_builder(Location::caller(), |b| {
+            b.reshape(self.value, shape)
+        }))
     }
 
     /// Inserts a dimension of size 1 at `axis`.
@@ -197,14 +206,18 @@ impl Tensor {
     pub fn broadcast_to(self, shape: impl Into<Vec<u64>>) -> Tensor {
         let shape = shape.into();
         let loc = Location::caller();
-        Tensor::from_value(with_builder(loc, |b| broadcast_value(b, self.value, &shape)))
+        Tensor::from_value(with_builder(loc, |b| {
+            broadcast_value(b, self.value, &shape)
+        }))
     }
 
     /// Permutes dimensions: result dim `i` is dim `perm[i]`.
     #[track_caller]
     pub fn transpose(self, perm: impl Into<Vec<usize>>) -> Tensor {
         let perm = perm.into();
-        Tensor::from_value(with_builder(Location::caller(), |b| b.transpose(self.value, perm)))
+        Tensor::from_value(with_builder(Location::caller(), |b| {
+            b.transpose(self.value, perm)
+        }))
     }
 
     /// Swaps the two dims of a matrix.
@@ -283,7 +296,10 @@ fn splat(like: Tensor, literal: Literal, location: &'static Location<'static>) -
         if matches!(literal, Literal::Float(_)) && !ty.dtype.is_float() {
             b.report(
                 "const",
-                format!("a float literal cannot meet a {} value; cast one side", ty.dtype),
+                format!(
+                    "a float literal cannot meet a {} value; cast one side",
+                    ty.dtype
+                ),
             );
         }
         b.constant(literal, ty)
@@ -341,7 +357,11 @@ fn broadcast_shapes(a: &[u64], b: &[u64]) -> Option<Vec<u64>> {
 }
 
 /// Broadcasts a value to `shape` (trailing dims aligned); identity if already there.
-pub(crate) fn broadcast_value(b: &mut crate::builder::KernelBuilder, v: Value, shape: &[u64]) -> Value {
+pub(crate) fn broadcast_value(
+    b: &mut crate::builder::KernelBuilder,
+    v: Value,
+    shape: &[u64],
+) -> Value {
     let from = b.type_of(v).shape.clone();
     if from == shape {
         return v;
@@ -359,17 +379,27 @@ pub(crate) fn broadcast_value(b: &mut crate::builder::KernelBuilder, v: Value, s
 }
 
 /// Brings two operands to a common shape (NumPy rules) and converts scalars.
-fn coerce_pair(a: Tensor, other: impl Operand, location: &'static Location<'static>) -> (Tensor, Tensor) {
+fn coerce_pair(
+    a: Tensor,
+    other: impl Operand,
+    location: &'static Location<'static>,
+) -> (Tensor, Tensor) {
     let Some(bt) = other.as_tensor() else {
         return (a, other.to_tensor(a, location));
     };
     let (av, bv) = with_builder(location, |b| {
-        let (sa, sb) = (b.type_of(a.value).shape.clone(), b.type_of(bt.value).shape.clone());
+        let (sa, sb) = (
+            b.type_of(a.value).shape.clone(),
+            b.type_of(bt.value).shape.clone(),
+        );
         if sa == sb {
             return (a.value, bt.value);
         }
         match broadcast_shapes(&sa, &sb) {
-            Some(shape) => (broadcast_value(b, a.value, &shape), broadcast_value(b, bt.value, &shape)),
+            Some(shape) => (
+                broadcast_value(b, a.value, &shape),
+                broadcast_value(b, bt.value, &shape),
+            ),
             None => {
                 b.report(
                     "broadcast",
@@ -382,12 +412,24 @@ fn coerce_pair(a: Tensor, other: impl Operand, location: &'static Location<'stat
     (Tensor::from_value(av), Tensor::from_value(bv))
 }
 
-fn binary(op: BinaryOp, a: Tensor, other: impl Operand, location: &'static Location<'static>) -> Tensor {
+fn binary(
+    op: BinaryOp,
+    a: Tensor,
+    other: impl Operand,
+    location: &'static Location<'static>,
+) -> Tensor {
     let (a, b) = coerce_pair(a, other, location);
-    Tensor::from_value(with_builder(location, |bld| bld.binary(op, a.value, b.value)))
+    Tensor::from_value(with_builder(location, |bld| {
+        bld.binary(op, a.value, b.value)
+    }))
 }
 
-fn binary_rev(op: BinaryOp, lhs: impl Operand, b: Tensor, location: &'static Location<'static>) -> Tensor {
+fn binary_rev(
+    op: BinaryOp,
+    lhs: impl Operand,
+    b: Tensor,
+    location: &'static Location<'static>,
+) -> Tensor {
     let a = lhs.to_tensor(b, location);
     binary(op, a, b, location)
 }
@@ -474,7 +516,9 @@ pub fn full(shape: impl Into<Vec<u64>>, value: f64, dtype: DType) -> Tensor {
         DType::Bool => Literal::Bool(value != 0.0),
         _ => Literal::Float(value),
     };
-    Tensor::from_value(with_builder(Location::caller(), |b| b.constant(literal, ty)))
+    Tensor::from_value(with_builder(Location::caller(), |b| {
+        b.constant(literal, ty)
+    }))
 }
 
 /// A tensor of `shape` and `dtype` filled with zeros.
@@ -521,6 +565,8 @@ pub fn select(cond: Tensor, on_true: impl Operand, on_false: impl Operand) -> Te
 /// Matrix product with optional transposes (Pallas `pl.dot(a, b, trans_a, trans_b)`).
 #[track_caller]
 pub fn dot_general(lhs: Tensor, rhs: Tensor, trans_lhs: bool, trans_rhs: bool) -> Tensor {
-    let v = with_builder(Location::caller(), |b| b.dot(lhs.value, rhs.value, trans_lhs, trans_rhs));
+    let v = with_builder(Location::caller(), |b| {
+        b.dot(lhs.value, rhs.value, trans_lhs, trans_rhs)
+    });
     Tensor::from_value(v)
 }

@@ -189,7 +189,9 @@ pub(super) fn cast(x: &Array, to: DType) -> Array {
         (ArrayData::Bool(v), d) if d.is_float() => {
             ArrayData::Float(v.iter().map(|&a| f32::from(u8::from(a))).collect())
         }
-        (ArrayData::Bool(v), DType::I32) => ArrayData::Int(v.iter().map(|&a| i32::from(a)).collect()),
+        (ArrayData::Bool(v), DType::I32) => {
+            ArrayData::Int(v.iter().map(|&a| i32::from(a)).collect())
+        }
         (ArrayData::Bool(v), _) => ArrayData::Bool(v.clone()),
     };
     Array::from_parts(ty, data)
@@ -258,7 +260,13 @@ pub(super) fn reshape(x: &Array, ty: &TensorType) -> Array {
     Array::from_parts(ty.clone(), x.data().clone())
 }
 
-fn reduce_into<T: Copy>(v: &[T], shape: &[u64], axes: &[usize], init: T, f: impl Fn(T, T) -> T) -> Vec<T> {
+fn reduce_into<T: Copy>(
+    v: &[T],
+    shape: &[u64],
+    axes: &[usize],
+    init: T,
+    f: impl Fn(T, T) -> T,
+) -> Vec<T> {
     let kept: Vec<u64> = shape
         .iter()
         .enumerate()
@@ -267,7 +275,11 @@ fn reduce_into<T: Copy>(v: &[T], shape: &[u64], axes: &[usize], init: T, f: impl
     let out_len: u64 = kept.iter().product();
     let mut out = vec![init; out_len as usize];
     // Fast path: reducing the trailing axes of a row-major array.
-    let trailing = axes.iter().rev().enumerate().all(|(i, &a)| a == shape.len() - 1 - i);
+    let trailing = axes
+        .iter()
+        .rev()
+        .enumerate()
+        .all(|(i, &a)| a == shape.len() - 1 - i);
     if trailing {
         let row = (v.len() as u64 / out_len.max(1)) as usize;
         for (o, chunk) in out.iter_mut().zip(v.chunks_exact(row.max(1))) {
@@ -333,9 +345,21 @@ fn matmul<T: Copy + std::ops::Add<Output = T> + std::ops::Mul<Output = T>>(
 }
 
 pub(super) fn dot(lhs: &Array, rhs: &Array, transpose_lhs: bool, transpose_rhs: bool) -> Array {
-    let a = if transpose_lhs { transpose(lhs, &[1, 0]) } else { lhs.clone() };
-    let b = if transpose_rhs { transpose(rhs, &[1, 0]) } else { rhs.clone() };
-    let (m, k, n) = (a.shape()[0] as usize, a.shape()[1] as usize, b.shape()[1] as usize);
+    let a = if transpose_lhs {
+        transpose(lhs, &[1, 0])
+    } else {
+        lhs.clone()
+    };
+    let b = if transpose_rhs {
+        transpose(rhs, &[1, 0])
+    } else {
+        rhs.clone()
+    };
+    let (m, k, n) = (
+        a.shape()[0] as usize,
+        a.shape()[1] as usize,
+        b.shape()[1] as usize,
+    );
     let result_ty = |d| TensorType::new(d, [m as u64, n as u64]);
     match (a.data(), b.data()) {
         (ArrayData::Float(x), ArrayData::Float(y)) => {

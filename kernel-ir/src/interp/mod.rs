@@ -20,22 +20,13 @@ use crate::print::Namer;
 use crate::verify::{check_block_in_bounds, unflatten, verify};
 
 /// How to run a kernel.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct InterpretOptions {
     /// Fill scratch buffers and outputs with NaN (i32::MIN, false) before running, so
     /// reads of never-written data show up in the results.
     pub poison_uninitialized: bool,
     /// Worker threads for the parallel grid axes; 0 means one per core.
     pub threads: usize,
-}
-
-impl Default for InterpretOptions {
-    fn default() -> Self {
-        InterpretOptions {
-            poison_uninitialized: false,
-            threads: 0,
-        }
-    }
 }
 
 /// Why a kernel could not be run to completion.
@@ -131,7 +122,11 @@ pub fn interpret(
     let outer: u64 = kernel.grid[..parallel_prefix].iter().product();
     let inner: u64 = kernel.grid[parallel_prefix..].iter().product();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = if options.threads == 0 { cores } else { options.threads };
+    let threads = if options.threads == 0 {
+        cores
+    } else {
+        options.threads
+    };
     let threads = threads.min(outer as usize).max(1);
 
     let next = AtomicU64::new(0);
@@ -155,7 +150,9 @@ pub fn interpret(
                     let e = match e {
                         ProgramError::Fault(f) => RunError::Fault {
                             program: pids,
-                            op: namer.get_or_init(|| Namer::new(kernel)).op_header(kernel, f.op),
+                            op: namer
+                                .get_or_init(|| Namer::new(kernel))
+                                .op_header(kernel, f.op),
                             message: f.message,
                         },
                         ProgramError::Run(e) => e,
@@ -235,7 +232,10 @@ fn run_program<'k>(
         block_starts,
         env: vec![None; kernel.value_types.len()],
     };
-    program.region(&kernel.body).map(|_| ()).map_err(ProgramError::Fault)
+    program
+        .region(&kernel.body)
+        .map(|_| ())
+        .map_err(ProgramError::Fault)
 }
 
 impl<'k> Program<'k, '_> {
@@ -316,7 +316,12 @@ impl<'k> Program<'k, '_> {
                 rhs,
                 transpose_lhs,
                 transpose_rhs,
-            } => eval::dot(&self.get(*lhs), &self.get(*rhs), *transpose_lhs, *transpose_rhs),
+            } => eval::dot(
+                &self.get(*lhs),
+                &self.get(*rhs),
+                *transpose_lhs,
+                *transpose_rhs,
+            ),
             OpKind::For {
                 lower,
                 upper,
@@ -330,12 +335,20 @@ impl<'k> Program<'k, '_> {
                     self.scalar_i64(*step),
                 );
                 if st <= 0 {
-                    return Err(fault(format!("loop step is {st}, expected a positive step")));
+                    return Err(fault(format!(
+                        "loop step is {st}, expected a positive step"
+                    )));
                 }
                 let mut carried: Vec<Rc<Array>> = inits.iter().map(|&v| self.get(v)).collect();
                 let mut i = lo;
                 while i < hi {
-                    self.set(body.args[0], Array::filled(crate::types::TensorType::scalar(crate::types::DType::I32), i as f64));
+                    self.set(
+                        body.args[0],
+                        Array::filled(
+                            crate::types::TensorType::scalar(crate::types::DType::I32),
+                            i as f64,
+                        ),
+                    );
                     for (&arg, val) in body.args[1..].iter().zip(carried) {
                         self.env[arg.0 as usize] = Some(val);
                     }
@@ -426,17 +439,26 @@ impl<'k> Program<'k, '_> {
             window::store(a.data_mut(), &shape, &dims, value.data(), mask_bits)
         };
         match kind {
-            RefKind::Output => write(&mut self.outputs[slot].lock().unwrap_or_else(|p| p.into_inner())),
+            RefKind::Output => {
+                write(&mut self.outputs[slot].lock().unwrap_or_else(|p| p.into_inner()))
+            }
             RefKind::Scratch => write(&mut self.scratch[slot]),
             RefKind::Input => unreachable!("the verifier rejects stores to inputs"),
         }
         .map_err(|oob| out_of_bounds("store to", decl, &oob.coords))
     }
 
-    fn window_type(&self, decl: &crate::ir::RefDecl, dims: &[window::DimAccess]) -> crate::types::TensorType {
+    fn window_type(
+        &self,
+        decl: &crate::ir::RefDecl,
+        dims: &[window::DimAccess],
+    ) -> crate::types::TensorType {
         crate::types::TensorType::new(
             decl.ty.dtype,
-            dims.iter().filter(|d| d.keep).map(|d| d.count).collect::<Vec<_>>(),
+            dims.iter()
+                .filter(|d| d.keep)
+                .map(|d| d.count)
+                .collect::<Vec<_>>(),
         )
     }
 }

@@ -106,7 +106,9 @@ fn for_each_run(
     let strides = row_major_strides(shape);
     let last = dims.len() - 1;
     let count = dims[last].count as usize;
-    let in_bounds_last = shape[last].saturating_sub(dims[last].start).min(dims[last].count) as usize;
+    let in_bounds_last = shape[last]
+        .saturating_sub(dims[last].start)
+        .min(dims[last].count) as usize;
     let mut idx = vec![0u64; last];
     let mut window_off = 0;
     loop {
@@ -153,7 +155,11 @@ fn gather<T: Copy>(
     for_each_run(dims, shape, |w, a, in_bounds, count| {
         match mask {
             None if in_bounds == count => out.extend_from_slice(&src[a..a + count]),
-            None => return Err(OutOfBounds { coords: vec![in_bounds as u64] }),
+            None => {
+                return Err(OutOfBounds {
+                    coords: vec![in_bounds as u64],
+                })
+            }
             Some(m) => {
                 for j in 0..count {
                     if !m[w + j] {
@@ -161,7 +167,9 @@ fn gather<T: Copy>(
                     } else if j < in_bounds {
                         out.push(src[a + j]);
                     } else {
-                        return Err(OutOfBounds { coords: vec![j as u64] });
+                        return Err(OutOfBounds {
+                            coords: vec![j as u64],
+                        });
                     }
                 }
             }
@@ -181,12 +189,18 @@ fn scatter<T: Copy>(
     for_each_run(dims, shape, |w, a, in_bounds, count| {
         match mask {
             None if in_bounds == count => dst[a..a + count].copy_from_slice(&values[w..w + count]),
-            None => return Err(OutOfBounds { coords: vec![in_bounds as u64] }),
+            None => {
+                return Err(OutOfBounds {
+                    coords: vec![in_bounds as u64],
+                })
+            }
             Some(m) => {
                 for j in 0..count {
                     if m[w + j] {
                         if j >= in_bounds {
-                            return Err(OutOfBounds { coords: vec![j as u64] });
+                            return Err(OutOfBounds {
+                                coords: vec![j as u64],
+                            });
                         }
                         dst[a + j] = values[w + j];
                     }

@@ -46,23 +46,45 @@ pub fn matmul_grid_k(m: u64, k: u64, n: u64, bm: u64, bk: u64, bn: u64) -> Kerne
     let nk = k / bk;
     pallas_call(move |x: Ref, y: Ref, o: Ref, acc: Ref| {
         let kk = program_id(2);
-        let (z, _) = branch(kk.k_lt(1), (), |v| {
-            acc.write(zeros([bm, bn], DType::F32));
-            (v, ())
-        }, |v| (v, ()));
-        let _ = z;
+        branch(
+            kk.k_lt(1),
+            (),
+            |v| {
+                acc.write(zeros([bm, bn], DType::F32));
+                (v, ())
+            },
+            |v| (v, ()),
+        );
         acc.write(acc.read() + x.read().dot(y.read()));
-        let (_, _) = branch(kk.k_ge(nk as i64 - 1), (), |v| {
-            o.write(acc.read());
-            (v, ())
-        }, |v| (v, ()));
+        branch(
+            kk.k_ge(nk as i64 - 1),
+            (),
+            |v| {
+                o.write(acc.read());
+                (v, ())
+            },
+            |v| (v, ()),
+        );
     })
     .name("matmul_grid_k")
     .grid([m / bm, n / bn, nk])
-    .dimension_semantics([DimSemantics::Parallel, DimSemantics::Parallel, DimSemantics::Arbitrary])
-    .input(TensorType::new(DType::F32, [m, k]), block_spec([bm, bk], |i| vec![i[0].clone(), i[2].clone()]))
-    .input(TensorType::new(DType::F32, [k, n]), block_spec([bk, bn], |i| vec![i[2].clone(), i[1].clone()]))
-    .output(TensorType::new(DType::F32, [m, n]), block_spec([bm, bn], |i| vec![i[0].clone(), i[1].clone()]))
+    .dimension_semantics([
+        DimSemantics::Parallel,
+        DimSemantics::Parallel,
+        DimSemantics::Arbitrary,
+    ])
+    .input(
+        TensorType::new(DType::F32, [m, k]),
+        block_spec([bm, bk], |i| vec![i[0].clone(), i[2].clone()]),
+    )
+    .input(
+        TensorType::new(DType::F32, [k, n]),
+        block_spec([bk, bn], |i| vec![i[2].clone(), i[1].clone()]),
+    )
+    .output(
+        TensorType::new(DType::F32, [m, n]),
+        block_spec([bm, bn], |i| vec![i[0].clone(), i[1].clone()]),
+    )
     .scratch(TensorType::new(DType::F32, [bm, bn]))
     .build()
     .unwrap()
@@ -80,9 +102,18 @@ pub fn matmul_loop(m: u64, k: u64, n: u64, bm: u64, bk: u64) -> Kernel {
     })
     .name("matmul_loop")
     .grid([m / bm])
-    .input(TensorType::new(DType::F32, [m, k]), block_spec([bm, k], rows))
-    .input(TensorType::new(DType::F32, [k, n]), block_spec([k, n], |_| vec![0.into(), 0.into()]))
-    .output(TensorType::new(DType::F32, [m, n]), block_spec([bm, n], rows))
+    .input(
+        TensorType::new(DType::F32, [m, k]),
+        block_spec([bm, k], rows),
+    )
+    .input(
+        TensorType::new(DType::F32, [k, n]),
+        block_spec([k, n], |_| vec![0.into(), 0.into()]),
+    )
+    .output(
+        TensorType::new(DType::F32, [m, n]),
+        block_spec([bm, n], rows),
+    )
     .build()
     .unwrap()
 }
@@ -90,10 +121,14 @@ pub fn matmul_loop(m: u64, k: u64, n: u64, bm: u64, bk: u64) -> Kernel {
 /// Deterministic pseudo-random data in [-1, 1).
 pub fn random(dtype: DType, shape: &[u64], seed: u64) -> Array {
     let n: u64 = shape.iter().product();
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     let data = (0..n)
         .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         })
         .collect();
@@ -104,7 +139,9 @@ pub fn naive_matmul(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f
     let mut c = vec![0.0f64; m * n];
     for i in 0..m {
         for j in 0..n {
-            c[i * n + j] = (0..k).map(|p| a[i * k + p] as f64 * b[p * n + j] as f64).sum();
+            c[i * n + j] = (0..k)
+                .map(|p| a[i * k + p] as f64 * b[p * n + j] as f64)
+                .sum();
         }
     }
     c
@@ -112,5 +149,8 @@ pub fn naive_matmul(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f
 
 pub fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
 }

@@ -31,7 +31,12 @@ fn load_vector(r: Ref, rows: u64, r0: Tensor, limit: u64) -> Tensor {
 
 /// `delta = rowsum(do * o)` for one query block.
 #[kernel]
-pub(crate) fn flash_attention_bwd_delta(o: Ref, d_o: Ref, delta: Ref, #[comptime] c: AttentionConfig) {
+pub(crate) fn flash_attention_bwd_delta(
+    o: Ref,
+    d_o: Ref,
+    delta: Ref,
+    #[comptime] c: AttentionConfig,
+) {
     let (bq, d) = (c.block_q, c.head_dim);
     let q0 = program_id(2) * bq;
     let ob = load_tile(o, bq, d, q0, index(0), c.q_len, d).cast(DType::F32);
@@ -46,7 +51,19 @@ pub(crate) fn flash_attention_bwd_delta(o: Ref, d_o: Ref, delta: Ref, #[comptime
 
 /// `p` and `ds` of one (query block, key block) tile.
 #[kernel_fn]
-fn probs_and_grad(qb: Tensor, kb: Tensor, vb: Tensor, dob: Tensor, lse_b: Tensor, delta_b: Tensor, q0: Tensor, k0: Tensor, rows: u64, cols: u64, c: AttentionConfig) -> (Tensor, Tensor) {
+fn probs_and_grad(
+    qb: Tensor,
+    kb: Tensor,
+    vb: Tensor,
+    dob: Tensor,
+    lse_b: Tensor,
+    delta_b: Tensor,
+    q0: Tensor,
+    k0: Tensor,
+    rows: u64,
+    cols: u64,
+    c: AttentionConfig,
+) -> (Tensor, Tensor) {
     let mut scores = dot_general(qb, kb, false, true) * c.scale;
     if c.causal {
         scores = causal_mask(scores, rows, cols, q0, k0);
@@ -59,7 +76,19 @@ fn probs_and_grad(qb: Tensor, kb: Tensor, vb: Tensor, dob: Tensor, lse_b: Tensor
 
 /// dq accumulation over keys `[k0, k0 + size)`.
 #[kernel_fn]
-fn dq_step(qb: Tensor, dob: Tensor, lse_b: Tensor, delta_b: Tensor, k: Ref, v: Ref, q0: Tensor, k0: Tensor, size: u64, dq: Tensor, c: AttentionConfig) -> Tensor {
+fn dq_step(
+    qb: Tensor,
+    dob: Tensor,
+    lse_b: Tensor,
+    delta_b: Tensor,
+    k: Ref,
+    v: Ref,
+    q0: Tensor,
+    k0: Tensor,
+    size: u64,
+    dq: Tensor,
+    c: AttentionConfig,
+) -> Tensor {
     let kb = k.load(s![ds(k0, size), ..]);
     let vb = v.load(s![ds(k0, size), ..]);
     let (_p, ds) = probs_and_grad(qb, kb, vb, dob, lse_b, delta_b, q0, k0, c.block_q, size, c);
@@ -68,7 +97,16 @@ fn dq_step(qb: Tensor, dob: Tensor, lse_b: Tensor, delta_b: Tensor, k: Ref, v: R
 
 /// `dq = scale * sum_j ds_j k_j` for one query block.
 #[kernel]
-pub(crate) fn flash_attention_bwd_dq(q: Ref, k: Ref, v: Ref, d_o: Ref, lse: Ref, delta: Ref, dq: Ref, #[comptime] c: AttentionConfig) {
+pub(crate) fn flash_attention_bwd_dq(
+    q: Ref,
+    k: Ref,
+    v: Ref,
+    d_o: Ref,
+    lse: Ref,
+    delta: Ref,
+    dq: Ref,
+    #[comptime] c: AttentionConfig,
+) {
     let (bq, bk, d) = (c.block_q, c.block_k, c.head_dim);
     let q0 = program_id(2) * bq;
     let qb = load_tile(q, bq, d, q0, index(0), c.q_len, d);
@@ -87,14 +125,39 @@ pub(crate) fn flash_attention_bwd_dq(q: Ref, k: Ref, v: Ref, d_o: Ref, lse: Ref,
         acc = dq_step(qb, dob, lse_b, delta_b, k, v, q0, j * bk, bk, acc, c);
     }
     if tail > 0 {
-        acc = dq_step(qb, dob, lse_b, delta_b, k, v, q0, index((full_blocks * bk) as i64), tail, acc, c);
+        acc = dq_step(
+            qb,
+            dob,
+            lse_b,
+            delta_b,
+            k,
+            v,
+            q0,
+            index((full_blocks * bk) as i64),
+            tail,
+            acc,
+            c,
+        );
     }
     store_rows(dq, (acc * c.scale).cast(c.dtype), bq, d, q0, c.q_len);
 }
 
 /// dk/dv accumulation over queries `[q0, q0 + size)` of query head `g` of the group.
 #[kernel_fn]
-fn dkdv_step(q: Ref, d_o: Ref, lse: Ref, delta: Ref, g: u64, q0: Tensor, size: u64, kb: Tensor, vb: Tensor, k0: Tensor, state: (Tensor, Tensor), c: AttentionConfig) -> (Tensor, Tensor) {
+fn dkdv_step(
+    q: Ref,
+    d_o: Ref,
+    lse: Ref,
+    delta: Ref,
+    g: u64,
+    q0: Tensor,
+    size: u64,
+    kb: Tensor,
+    vb: Tensor,
+    k0: Tensor,
+    state: (Tensor, Tensor),
+    c: AttentionConfig,
+) -> (Tensor, Tensor) {
     let (dk, dv) = state;
     let qb = q.load(s![g, ds(q0, size), ..]);
     let dob = d_o.load(s![g, ds(q0, size), ..]);
@@ -109,7 +172,17 @@ fn dkdv_step(q: Ref, d_o: Ref, lse: Ref, delta: Ref, g: u64, q0: Tensor, size: u
 /// `dk = scale * sum_i ds_i^T q_i`, `dv = sum_i p_i^T do_i` for one key block, summed
 /// over the query heads that share this kv head.
 #[kernel]
-pub(crate) fn flash_attention_bwd_dkdv(q: Ref, k: Ref, v: Ref, d_o: Ref, lse: Ref, delta: Ref, dk: Ref, dv: Ref, #[comptime] c: AttentionConfig) {
+pub(crate) fn flash_attention_bwd_dkdv(
+    q: Ref,
+    k: Ref,
+    v: Ref,
+    d_o: Ref,
+    lse: Ref,
+    delta: Ref,
+    dk: Ref,
+    dv: Ref,
+    #[comptime] c: AttentionConfig,
+) {
     let (bq, bk, d) = (c.block_q, c.block_k, c.head_dim);
     let k0 = program_id(2) * bk;
     let kb = load_tile(k, bk, d, k0, index(0), c.kv_len, d);
@@ -124,11 +197,37 @@ pub(crate) fn flash_attention_bwd_dkdv(q: Ref, k: Ref, v: Ref, d_o: Ref, lse: Re
     #[unroll]
     for g in 0..group {
         for i in lower..full_blocks {
-            (dk_acc, dv_acc) = dkdv_step(q, d_o, lse, delta, g, i * bq, bq, kb, vb, k0, (dk_acc, dv_acc), c);
+            (dk_acc, dv_acc) = dkdv_step(
+                q,
+                d_o,
+                lse,
+                delta,
+                g,
+                i * bq,
+                bq,
+                kb,
+                vb,
+                k0,
+                (dk_acc, dv_acc),
+                c,
+            );
         }
         if tail > 0 {
             let q0 = index((full_blocks * bq) as i64);
-            (dk_acc, dv_acc) = dkdv_step(q, d_o, lse, delta, g, q0, tail, kb, vb, k0, (dk_acc, dv_acc), c);
+            (dk_acc, dv_acc) = dkdv_step(
+                q,
+                d_o,
+                lse,
+                delta,
+                g,
+                q0,
+                tail,
+                kb,
+                vb,
+                k0,
+                (dk_acc, dv_acc),
+                c,
+            );
         }
     }
     store_rows(dk, (dk_acc * c.scale).cast(c.dtype), bk, d, k0, c.kv_len);

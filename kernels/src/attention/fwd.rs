@@ -31,7 +31,16 @@ pub(crate) fn mxu_input(x: Tensor, dtype: DType) -> Tensor {
 
 /// One step of the online softmax over keys `[k0, k0 + size)`.
 #[kernel_fn]
-fn attend(q: Tensor, k: Ref, v: Ref, k0: Tensor, size: u64, q0: Tensor, state: (Tensor, Tensor, Tensor), c: AttentionConfig) -> (Tensor, Tensor, Tensor) {
+fn attend(
+    q: Tensor,
+    k: Ref,
+    v: Ref,
+    k0: Tensor,
+    size: u64,
+    q0: Tensor,
+    state: (Tensor, Tensor, Tensor),
+    c: AttentionConfig,
+) -> (Tensor, Tensor, Tensor) {
     let (m, l, acc) = state;
     let kb = k.load(s![ds(k0, size), ..]);
     let vb = v.load(s![ds(k0, size), ..]);
@@ -49,7 +58,14 @@ fn attend(q: Tensor, k: Ref, v: Ref, k0: Tensor, size: u64, q0: Tensor, state: (
 
 /// `o = softmax(q k^T * scale) v` and `lse = logsumexp(q k^T * scale)` for one query block.
 #[kernel]
-pub(crate) fn flash_attention_fwd(q: Ref, k: Ref, v: Ref, o: Ref, lse: Ref, #[comptime] c: AttentionConfig) {
+pub(crate) fn flash_attention_fwd(
+    q: Ref,
+    k: Ref,
+    v: Ref,
+    o: Ref,
+    lse: Ref,
+    #[comptime] c: AttentionConfig,
+) {
     let (bq, bk) = (c.block_q, c.block_k);
     let q0 = program_id(2) * bq;
     let qb = load_tile(q, bq, c.head_dim, q0, index(0), c.q_len, c.head_dim);
@@ -68,7 +84,16 @@ pub(crate) fn flash_attention_fwd(q: Ref, k: Ref, v: Ref, o: Ref, lse: Ref, #[co
         (m, l, acc) = attend(qb, k, v, j * bk, bk, q0, (m, l, acc), c);
     }
     if tail > 0 {
-        (m, l, acc) = attend(qb, k, v, index((full_blocks * bk) as i64), tail, q0, (m, l, acc), c);
+        (m, l, acc) = attend(
+            qb,
+            k,
+            v,
+            index((full_blocks * bk) as i64),
+            tail,
+            q0,
+            (m, l, acc),
+            c,
+        );
     }
     let out = (acc / l.expand_dims(1)).cast(c.dtype);
     let log_sum_exp = m + l.log();

@@ -41,17 +41,61 @@ pub struct AttentionConfig {
 }
 
 const PARAMS: &[ParamDef] = &[
-    ParamDef { name: "batch", default: "1", help: "batch" },
-    ParamDef { name: "heads", default: "4", help: "query heads" },
-    ParamDef { name: "kv_heads", default: "4", help: "key/value heads (GQA when fewer)" },
-    ParamDef { name: "q_len", default: "512", help: "query length" },
-    ParamDef { name: "kv_len", default: "512", help: "key/value length" },
-    ParamDef { name: "head_dim", default: "64", help: "head dim (32..256)" },
-    ParamDef { name: "block_q", default: "128", help: "queries per block" },
-    ParamDef { name: "block_k", default: "128", help: "keys per block" },
-    ParamDef { name: "causal", default: "false", help: "top-left causal mask" },
-    ParamDef { name: "scale", default: "none", help: "score scale (none: 1/sqrt(head_dim))" },
-    ParamDef { name: "dtype", default: "f32", help: "f32 or bf16 (f32 accumulation)" },
+    ParamDef {
+        name: "batch",
+        default: "1",
+        help: "batch",
+    },
+    ParamDef {
+        name: "heads",
+        default: "4",
+        help: "query heads",
+    },
+    ParamDef {
+        name: "kv_heads",
+        default: "4",
+        help: "key/value heads (GQA when fewer)",
+    },
+    ParamDef {
+        name: "q_len",
+        default: "512",
+        help: "query length",
+    },
+    ParamDef {
+        name: "kv_len",
+        default: "512",
+        help: "key/value length",
+    },
+    ParamDef {
+        name: "head_dim",
+        default: "64",
+        help: "head dim (32..256)",
+    },
+    ParamDef {
+        name: "block_q",
+        default: "128",
+        help: "queries per block",
+    },
+    ParamDef {
+        name: "block_k",
+        default: "128",
+        help: "keys per block",
+    },
+    ParamDef {
+        name: "causal",
+        default: "false",
+        help: "top-left causal mask",
+    },
+    ParamDef {
+        name: "scale",
+        default: "none",
+        help: "score scale (none: 1/sqrt(head_dim))",
+    },
+    ParamDef {
+        name: "dtype",
+        default: "f32",
+        help: "f32 or bf16 (f32 accumulation)",
+    },
 ];
 
 impl AttentionConfig {
@@ -59,7 +103,9 @@ impl AttentionConfig {
     pub fn from_params(p: &Params) -> Result<Self, BoxError> {
         let (heads, kv_heads) = (p.dim("heads")?, p.dim("kv_heads")?);
         if heads % kv_heads != 0 {
-            return Err(format!("`heads` ({heads}) must be a multiple of `kv_heads` ({kv_heads})").into());
+            return Err(
+                format!("`heads` ({heads}) must be a multiple of `kv_heads` ({kv_heads})").into(),
+            );
         }
         let head_dim = p.dim("head_dim")?;
         if !(1..=256).contains(&head_dim) {
@@ -76,7 +122,9 @@ impl AttentionConfig {
             block_q: block(q_len, p.dim("block_q")?),
             block_k: block(kv_len, p.dim("block_k")?),
             causal: p.flag("causal")?,
-            scale: p.float_opt("scale")?.unwrap_or(1.0 / (head_dim as f64).sqrt()),
+            scale: p
+                .float_opt("scale")?
+                .unwrap_or(1.0 / (head_dim as f64).sqrt()),
             dtype: p.dtype("dtype", &[DType::F32, DType::BF16])?,
         })
     }
@@ -86,11 +134,17 @@ impl AttentionConfig {
     }
 
     fn q_type(&self) -> TensorType {
-        TensorType::new(self.dtype, [self.batch, self.heads, self.q_len, self.head_dim])
+        TensorType::new(
+            self.dtype,
+            [self.batch, self.heads, self.q_len, self.head_dim],
+        )
     }
 
     fn kv_type(&self) -> TensorType {
-        TensorType::new(self.dtype, [self.batch, self.kv_heads, self.kv_len, self.head_dim])
+        TensorType::new(
+            self.dtype,
+            [self.batch, self.kv_heads, self.kv_len, self.head_dim],
+        )
     }
 
     fn rows_type(&self) -> TensorType {
@@ -110,39 +164,46 @@ impl AttentionConfig {
 
     /// A per-query-row spec of lse and delta: `[None, None, block_q]`.
     fn rows_block(&self) -> BlockSpecFn {
-        block_spec([None, None, Some(self.block_q)], |i| vec![pid(i, 0), pid(i, 1), pid(i, 2)])
+        block_spec([None, None, Some(self.block_q)], |i| {
+            vec![pid(i, 0), pid(i, 1), pid(i, 2)]
+        })
     }
 
     /// The whole key/value sequence of the kv head that query head `i[1]` reads.
     fn kv_whole(&self) -> BlockSpecFn {
         let group = self.group() as i64;
-        block_spec([None, None, Some(self.kv_len), Some(self.head_dim)], move |i| {
-            vec![pid(i, 0), pid(i, 1) / group, zero(), zero()]
-        })
+        block_spec(
+            [None, None, Some(self.kv_len), Some(self.head_dim)],
+            move |i| vec![pid(i, 0), pid(i, 1) / group, zero(), zero()],
+        )
     }
 
     /// The forward kernel: `(q, k, v) -> (o, lse)`.
     pub fn forward(self) -> Result<Kernel, BoxError> {
         let c = self;
-        Ok(pallas_call(move |q, k, v, o, lse| fwd::flash_attention_fwd(q, k, v, o, lse, c))
-            .grid(c.q_grid())
-            .input(c.q_type(), c.q_block())
-            .input(c.kv_type(), c.kv_whole())
-            .input(c.kv_type(), c.kv_whole())
-            .output(c.q_type(), c.q_block())
-            .output(c.rows_type(), c.rows_block())
-            .build()?)
+        Ok(
+            pallas_call(move |q, k, v, o, lse| fwd::flash_attention_fwd(q, k, v, o, lse, c))
+                .grid(c.q_grid())
+                .input(c.q_type(), c.q_block())
+                .input(c.kv_type(), c.kv_whole())
+                .input(c.kv_type(), c.kv_whole())
+                .output(c.q_type(), c.q_block())
+                .output(c.rows_type(), c.rows_block())
+                .build()?,
+        )
     }
 
     /// `(o, do) -> delta = rowsum(do * o)`.
     pub fn backward_delta(self) -> Result<Kernel, BoxError> {
         let c = self;
-        Ok(pallas_call(move |o, d_o, delta| bwd::flash_attention_bwd_delta(o, d_o, delta, c))
-            .grid(c.q_grid())
-            .input(c.q_type(), c.q_block())
-            .input(c.q_type(), c.q_block())
-            .output(c.rows_type(), c.rows_block())
-            .build()?)
+        Ok(
+            pallas_call(move |o, d_o, delta| bwd::flash_attention_bwd_delta(o, d_o, delta, c))
+                .grid(c.q_grid())
+                .input(c.q_type(), c.q_block())
+                .input(c.q_type(), c.q_block())
+                .output(c.rows_type(), c.rows_block())
+                .build()?,
+        )
     }
 
     /// `(q, k, v, do, lse, delta) -> dq`.
@@ -171,7 +232,11 @@ impl AttentionConfig {
                 vec![pid(i, 0), pid(i, 1), zero(), zero()]
             })
         };
-        let rows_group = || block_spec([None, Some(group), Some(c.q_len)], |i| vec![pid(i, 0), pid(i, 1), zero()]);
+        let rows_group = || {
+            block_spec([None, Some(group), Some(c.q_len)], |i| {
+                vec![pid(i, 0), pid(i, 1), zero()]
+            })
+        };
         let kv_block = || {
             block_spec([None, None, Some(c.block_k), Some(c.head_dim)], |i| {
                 vec![pid(i, 0), pid(i, 1), pid(i, 2), zero()]
@@ -204,7 +269,12 @@ impl AttentionConfig {
 
 /// Plain f64 attention: returns `(o, lse, p)` with `p[b][h]` the `[q_len, kv_len]`
 /// probabilities.
-pub fn reference_forward(c: &AttentionConfig, q: &[f64], k: &[f64], v: &[f64]) -> (Vec<f64>, Vec<f64>, Vec<Vec<f64>>) {
+pub fn reference_forward(
+    c: &AttentionConfig,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+) -> (Vec<f64>, Vec<f64>, Vec<Vec<f64>>) {
     let (sq, sk, d) = (c.q_len as usize, c.kv_len as usize, c.head_dim as usize);
     let mut o = vec![0.0; q.len()];
     let mut lse = vec![0.0; (c.batch * c.heads) as usize * sq];
@@ -221,7 +291,10 @@ pub fn reference_forward(c: &AttentionConfig, q: &[f64], k: &[f64], v: &[f64]) -
                         if c.causal && j > i {
                             f64::NEG_INFINITY
                         } else {
-                            (0..d).map(|t| q[qo + i * d + t] * k[ko + j * d + t]).sum::<f64>() * c.scale
+                            (0..d)
+                                .map(|t| q[qo + i * d + t] * k[ko + j * d + t])
+                                .sum::<f64>()
+                                * c.scale
                         }
                     })
                     .collect();
@@ -243,7 +316,13 @@ pub fn reference_forward(c: &AttentionConfig, q: &[f64], k: &[f64], v: &[f64]) -
 }
 
 /// Plain f64 attention gradients `(dq, dk, dv)` for output gradient `d_o`.
-pub fn reference_backward(c: &AttentionConfig, q: &[f64], k: &[f64], v: &[f64], d_o: &[f64]) -> [Vec<f64>; 3] {
+pub fn reference_backward(
+    c: &AttentionConfig,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    d_o: &[f64],
+) -> [Vec<f64>; 3] {
     let (sq, sk, d) = (c.q_len as usize, c.kv_len as usize, c.head_dim as usize);
     let (o, _, probs) = reference_forward(c, q, k, v);
     let mut dq = vec![0.0; q.len()];
@@ -256,10 +335,14 @@ pub fn reference_backward(c: &AttentionConfig, q: &[f64], k: &[f64], v: &[f64], 
             let ko = (b * c.kv_heads as usize + hk) * sk * d;
             let p = &probs[b * c.heads as usize + h];
             for i in 0..sq {
-                let delta: f64 = (0..d).map(|t| d_o[qo + i * d + t] * o[qo + i * d + t]).sum();
+                let delta: f64 = (0..d)
+                    .map(|t| d_o[qo + i * d + t] * o[qo + i * d + t])
+                    .sum();
                 for j in 0..sk {
                     let pij = p[i * sk + j];
-                    let dp: f64 = (0..d).map(|t| d_o[qo + i * d + t] * v[ko + j * d + t]).sum();
+                    let dp: f64 = (0..d)
+                        .map(|t| d_o[qo + i * d + t] * v[ko + j * d + t])
+                        .sum();
                     let ds = pij * (dp - delta) * c.scale;
                     for t in 0..d {
                         dv[ko + j * d + t] += pij * d_o[qo + i * d + t];
@@ -294,16 +377,27 @@ impl LibraryKernel for FlashAttention {
     }
     fn reference(&self, p: &Params, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
         let c = AttentionConfig::from_params(p)?;
-        let (o, lse, _) = reference_forward(&c, &inputs[0].to_f64(), &inputs[1].to_f64(), &inputs[2].to_f64());
+        let (o, lse, _) = reference_forward(
+            &c,
+            &inputs[0].to_f64(),
+            &inputs[1].to_f64(),
+            &inputs[2].to_f64(),
+        );
         Ok(vec![o, lse])
     }
     fn tolerance(&self, p: &Params) -> Tolerance {
-        AttentionConfig::from_params(p).map_or(tolerance_for(DType::F32, 1), |c| tolerance_for(c.dtype, c.head_dim))
+        AttentionConfig::from_params(p).map_or(tolerance_for(DType::F32, 1), |c| {
+            tolerance_for(c.dtype, c.head_dim)
+        })
     }
     fn flops(&self, p: &Params) -> f64 {
         AttentionConfig::from_params(p).map_or(0.0, |c| {
             let full = 4.0 * (c.batch * c.heads * c.q_len * c.kv_len * c.head_dim) as f64;
-            if c.causal { full / 2.0 } else { full }
+            if c.causal {
+                full / 2.0
+            } else {
+                full
+            }
         })
     }
 }
@@ -324,7 +418,12 @@ impl LibraryKernel for FlashAttentionBwd {
     }
     fn build(&self, p: &Params) -> Result<Vec<Kernel>, BoxError> {
         let c = AttentionConfig::from_params(p)?;
-        Ok(vec![c.forward()?, c.backward_delta()?, c.backward_dq()?, c.backward_dkdv()?])
+        Ok(vec![
+            c.forward()?,
+            c.backward_delta()?,
+            c.backward_dq()?,
+            c.backward_dkdv()?,
+        ])
     }
     fn inputs(&self, p: &Params, seed: u64) -> Result<Vec<Array>, BoxError> {
         let c = AttentionConfig::from_params(p)?;
@@ -335,12 +434,23 @@ impl LibraryKernel for FlashAttentionBwd {
     fn run(&self, p: &Params, inputs: &[Array], exec: &mut Exec) -> Result<Vec<Array>, BoxError> {
         let c = AttentionConfig::from_params(p)?;
         let [q, k, v, d_o] = inputs else {
-            return Err(format!("flash_attention_bwd takes (q, k, v, do), got {} inputs", inputs.len()).into());
+            return Err(format!(
+                "flash_attention_bwd takes (q, k, v, do), got {} inputs",
+                inputs.len()
+            )
+            .into());
         };
         let fwd = exec(&c.forward()?, &[q.clone(), k.clone(), v.clone()])?;
         let (o, lse) = (&fwd[0], &fwd[1]);
         let delta = exec(&c.backward_delta()?, &[o.clone(), d_o.clone()])?.remove(0);
-        let grads_in = [q.clone(), k.clone(), v.clone(), d_o.clone(), lse.clone(), delta];
+        let grads_in = [
+            q.clone(),
+            k.clone(),
+            v.clone(),
+            d_o.clone(),
+            lse.clone(),
+            delta,
+        ];
         let dq = exec(&c.backward_dq()?, &grads_in)?.remove(0);
         let mut dkdv = exec(&c.backward_dkdv()?, &grads_in)?;
         let dv = dkdv.remove(1);
@@ -354,7 +464,10 @@ impl LibraryKernel for FlashAttentionBwd {
     }
     fn tolerance(&self, p: &Params) -> Tolerance {
         match AttentionConfig::from_params(p) {
-            Ok(c) if c.dtype == DType::BF16 => Tolerance { abs: 6e-2, rel: 5e-2 },
+            Ok(c) if c.dtype == DType::BF16 => Tolerance {
+                abs: 6e-2,
+                rel: 5e-2,
+            },
             Ok(c) => tolerance_for(DType::F32, c.q_len.max(c.kv_len) * c.head_dim),
             Err(_) => tolerance_for(DType::F32, 1),
         }

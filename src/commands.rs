@@ -1,0 +1,241 @@
+//! The subcommands. Each returns a [`Failure`] carrying the exit code.
+
+use std::path::Path;
+use std::time::Instant;
+
+use kernel_ir::{parse_kernel, print_kernel, Array, Kernel};
+use kernels::{all, compare, find, BoxError, LibraryKernel, Params};
+use runtime::{Backend, Resolution};
+
+/// A failed command: exit code 1 (wrong result, runtime failure) or 2 (bad input).
+pub struct Failure {
+    pub code: u8,
+    pub message: String,
+}
+
+fn usage(message: impl Into<String>) -> Failure {
+    Failure {
+        code: 2,
+        message: message.into(),
+    }
+}
+
+fn runtime_failure(message: impl Into<String>) -> Failure {
+    Failure {
+        code: 1,
+        message: message.into(),
+    }
+}
+
+fn library_kernel(name: &str) -> Result<&'static dyn LibraryKernel, Failure> {
+    find(name).ok_or_else(|| {
+        let names: Vec<_> = all().iter().map(|k| k.name()).collect();
+        usage(format!(
+            "unknown kernel `{name}`; available: {}",
+            names.join(", ")
+        ))
+    })
+}
+
+fn params(k: &dyn LibraryKernel, overrides: &[String]) -> Result<Params, Failure> {
+    Params::parse(k.params(), overrides).map_err(|e| usage(format!("{}: {e}", k.name())))
+}
+
+/// Kernels built from bad parameters (a zero size, an odd head dim) are usage errors.
+fn build(k: &dyn LibraryKernel, p: &Params) -> Result<Vec<Kernel>, Failure> {
+    k.build(p)
+        .map_err(|e| usage(format!("{} {p}: {e}", k.name())))
+}
+
+pub fn list(long: bool) -> Result<(), Failure> {
+    for k in all() {
+        println!("{}", k.name());
+        if long {
+            println!("    {}", k.summary());
+            for p in k.params() {
+                println!("    {}={:<8} {}", p.name, p.default, p.help);
+            }
+        }
+    }
+    Ok(())
+}
+
+pub fn ir(kernel: Option<&str>, overrides: &[String], parse: Option<&Path>) -> Result<(), Failure> {
+    if let Some(path) = parse {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| usage(format!("cannot read {}: {e}", path.display())))?;
+        let k = parse_kernel(&text).map_err(|e| usage(format!("{}: {e}", path.display())))?;
+        println!(
+            "ok: kernel @{} is valid ({} refs, grid {:?})",
+            k.name,
+            k.refs.len(),
+            k.grid
+        );
+        return Ok(());
+    }
+    let Some(name) = kernel else {
+        return Err(usage("`tessera ir` needs a kernel name or `--parse FILE`"));
+    };
+    let k = library_kernel(name)?;
+    let p = params(k, overrides)?;
+    for (i, kernel) in build(k, &p)?.iter().enumerate() {
+        if i > 0 {
+            println!();
+        }
+        print!("{}", print_kernel(kernel));
+    }
+    Ok(())
+}
+
+fn requested_backend(flag: Option<&str>) -> Result<Backend, Failure> {
+    match flag {
+        Some(b) => b.parse().map_err(|e: runtime::Error| usage(e.to_string())),
+        None => Ok(runtime::backend_from_env()
+            .map_err(|e| usage(e.to_string()))?
+            .unwrap_or(Backend::Auto)),
+    }
+}
+
+fn debug_log(r: &Resolution) {
+    if std::env::var("TESSERA_LOG").is_ok_and(|v| v == "debug") {
+        for f in &r.fallbacks {
+            eprintln!("debug: skipped {f}");
+        }
+        eprintln!("debug: running on {}", r.backend);
+    }
+}
+
+/// Runs `k` with every kernel on `requested`; returns outputs and the backend used.
+fn execute(
+    k: &dyn LibraryKernel,
+    p: &Params,
+    inputs: &[Array],
+    requested: Backend,
+) -> Result<(Vec<Array>, Backend), BoxError> {
+    let mut used = Backend::Interp;
+    let outputs = k.run(p, inputs, &mut |kernel, ins| {
+        let (out, resolution) = runtime::run(kernel, ins, requested)?;
+        debug_log(&resolution);
+        used = resolution.backend;
+        Ok(out)
+    })?;
+    Ok((outputs, used))
+}
+
+pub fn run(
+    name: &str,
+    backend: Option<&str>,
+    overrides: &[String],
+    seed: u64,
+) -> Result<(), Failure> {
+    let k = library_kernel(name)?;
+    let p = params(k, overrides)?;
+    let requested = requested_backend(backend)?;
+    let kernels = build(k, &p)?;
+    for kernel in &kernels {
+        runtime::resolve(requested, kernel).map_err(|e| usage(e.to_string()))?;
+    }
+    let inputs = k.inputs(&p, seed).map_err(|e| usage(e.to_string()))?;
+    let (got, used) = execute(k, &p, &inputs, requested)
+        .map_err(|e| runtime_failure(format!("{name} {p}: {e}")))?;
+    let want = k
+        .reference(&p, &inputs)
+        .map_err(|e| runtime_failure(e.to_string()))?;
+    let tol = k.tolerance(&p);
+    let c = compare(&got, &want, tol);
+    let line = format!(
+        "max_abs_err={:.3e} max_rel_err={:.3e} backend={used}",
+        c.max_abs_err, c.max_rel_err
+    );
+    match c.first_bad {
+        None => {
+            println!("{line} ok");
+            Ok(())
+        }
+        Some((o, i, g, w)) => {
+            println!("{line} MISMATCH");
+            Err(runtime_failure(format!(
+                "{name} {p}: output {o} element {i} is {g}, expected {w} (tolerance abs {} rel {})",
+                tol.abs, tol.rel
+            )))
+        }
+    }
+}
+
+/// Median wall time of `runs` calls, in milliseconds.
+fn median_ms(runs: usize, mut f: impl FnMut() -> Result<(), BoxError>) -> Result<f64, BoxError> {
+    let mut times = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let t = Instant::now();
+        f()?;
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
+pub fn demo() -> Result<(), Failure> {
+    println!(
+        "{:<20} {:<7} {:>12} {:>12} {:>10}  status",
+        "kernel", "backend", "max_abs_err", "max_rel_err", "median_ms"
+    );
+    let mut failures = 0;
+    for k in all() {
+        let p = params(k, &[])?;
+        let kernels = build(k, &p)?;
+        for backend in [Backend::Interp, Backend::Xla, Backend::Native] {
+            if let Some(reason) = kernels
+                .iter()
+                .find_map(|kernel| backend.unavailable_because(kernel))
+            {
+                println!(
+                    "{:<20} {:<7} {:>12} {:>12} {:>10}  unavailable: {reason}",
+                    k.name(),
+                    backend.name(),
+                    "-",
+                    "-",
+                    "-"
+                );
+                continue;
+            }
+            let outcome = (|| -> Result<(kernels::Comparison, f64), BoxError> {
+                let inputs = k.inputs(&p, 0)?;
+                let (got, _) = execute(k, &p, &inputs, backend)?;
+                let c = compare(&got, &k.reference(&p, &inputs)?, k.tolerance(&p));
+                let ms = median_ms(3, || execute(k, &p, &inputs, backend).map(|_| ()))?;
+                Ok((c, ms))
+            })();
+            match outcome {
+                Ok((c, ms)) => {
+                    let status = if c.ok() { "ok" } else { "MISMATCH" };
+                    failures += usize::from(!c.ok());
+                    println!(
+                        "{:<20} {:<7} {:>12.3e} {:>12.3e} {:>10.2}  {status}",
+                        k.name(),
+                        backend.name(),
+                        c.max_abs_err,
+                        c.max_rel_err,
+                        ms
+                    );
+                }
+                Err(e) => {
+                    failures += 1;
+                    println!(
+                        "{:<20} {:<7} {:>12} {:>12} {:>10}  FAILED: {e}",
+                        k.name(),
+                        backend.name(),
+                        "-",
+                        "-",
+                        "-"
+                    );
+                }
+            }
+        }
+    }
+    if failures > 0 {
+        return Err(runtime_failure(format!(
+            "{failures} kernel/backend pairs failed"
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,158 @@
+//! The CLI contract: outputs and exit codes (0 ok, 1 wrong result/runtime failure,
+//! 2 bad usage or bad input).
+
+use std::process::{Command, Output};
+
+fn tessera(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(args)
+        .env_remove("TESSERA_BACKEND")
+        .output()
+        .expect("the tessera binary runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn list_prints_one_kernel_per_line() {
+    let o = tessera(&["list"]);
+    assert!(o.status.success());
+    let names: Vec<String> = kernels::all()
+        .iter()
+        .map(|k| k.name().to_string())
+        .collect();
+    assert_eq!(stdout(&o).lines().collect::<Vec<_>>(), names);
+}
+
+#[test]
+fn run_checks_against_the_reference() {
+    let o = tessera(&[
+        "run",
+        "flash_attention",
+        "--backend",
+        "interp",
+        "--shape",
+        "q_len=33,kv_len=47,causal=true,heads=4,kv_heads=2",
+        "--seed",
+        "3",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.starts_with("max_abs_err=")
+            && out.contains(" max_rel_err=")
+            && out.trim_end().ends_with("backend=interp ok"),
+        "{out}"
+    );
+}
+
+#[test]
+fn every_kernel_runs_with_auto() {
+    for k in kernels::all() {
+        let o = tessera(&[
+            "run",
+            k.name(),
+            "--backend",
+            "auto",
+            "--shape",
+            small_shape(k.name()),
+        ]);
+        assert!(o.status.success(), "{}: {}", k.name(), stderr(&o));
+        assert!(stdout(&o).contains("backend=interp ok"));
+    }
+}
+
+fn small_shape(name: &str) -> &'static str {
+    match name {
+        "matmul" => "m=40,k=33,n=20,bm=16,bk=16,bn=8",
+        "rope" => "seq=20,block_seq=8",
+        "flash_attention" | "flash_attention_bwd" => "q_len=20,kv_len=30,block_q=8,block_k=16",
+        _ => "rows=19,cols=40,block_rows=4",
+    }
+}
+
+#[test]
+fn bad_usage_exits_2_with_one_message() {
+    for args in [
+        &["run", "nope"][..],
+        &["run", "matmul", "--backend", "tpu"],
+        &["run", "matmul", "--backend", "xla"],
+        &["run", "matmul", "--shape", "m=0"],
+        &["run", "matmul", "--shape", "mm=3"],
+        &["run", "rope", "--shape", "head_dim=7"],
+        &["ir"],
+        &["frobnicate"],
+    ] {
+        let o = tessera(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(!stderr(&o).contains("panicked"), "{args:?}");
+    }
+}
+
+fn parse_file(text: &str) -> Output {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("k.ir");
+    std::fs::write(&path, text).unwrap();
+    tessera(&["ir", "--parse", path.to_str().unwrap()])
+}
+
+fn printed(name: &str, shape: &str) -> String {
+    stdout(&tessera(&["ir", name, "--shape", shape]))
+}
+
+#[test]
+fn ir_prints_and_parses_back() {
+    let text = printed("softmax", "rows=16,cols=128");
+    assert!(
+        text.starts_with("kernel @softmax grid [2] semantics [parallel] {"),
+        "{text}"
+    );
+    let o = parse_file(&text);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("ok: kernel @softmax"));
+}
+
+#[test]
+fn bad_ir_exits_2_naming_the_problem() {
+    let text = printed("softmax", "rows=16,cols=128");
+    let cases = [
+        (
+            text.replace("reduce_max", "reduce_mux"),
+            "unknown op `reduce_mux`",
+        ),
+        (
+            text.replacen("block [8, 128]", "block [8, 256]", 1),
+            "does not tile the array dim of 128",
+        ),
+        (
+            text.replacen(
+                "%4 = sub %0, %3 : f32[8, 128]",
+                "%4 = sub %0, %1 : f32[8, 128]",
+                1,
+            ),
+            "operand 1 has type f32[8], expected f32[8, 128]",
+        ),
+        (
+            text.replacen("in %x : f32[16, 128]", "in %x : bf16[16, 128]", 1),
+            "result 0 has type f32[8, 128], expected bf16[8, 128]",
+        ),
+        (text[..text.len() / 3].to_string(), "parse error"),
+    ];
+    for (bad, expected) in cases {
+        let o = parse_file(&bad);
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        let err = stderr(&o);
+        assert!(err.contains(expected), "expected `{expected}` in: {err}");
+        assert_eq!(
+            err.trim_end().lines().count(),
+            1,
+            "one clear message: {err}"
+        );
+    }
+}
