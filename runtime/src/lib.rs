@@ -190,7 +190,7 @@ mod tests {
     #[test]
     fn runs_on_the_interpreter() {
         let x = Array::from_f32(DType::F32, [8], (0..8).map(|i| i as f32).collect()).unwrap();
-        let (out, r) = run(&tiny(), &[x.clone()], Backend::Auto).unwrap();
+        let (out, r) = run(&tiny(), std::slice::from_ref(&x), Backend::Auto).unwrap();
         assert_eq!(out[0], x);
         assert_eq!(r.backend, Backend::Interp);
     }
