@@ -1,0 +1,10 @@
+use kernel_ir::dsl::prelude::*;
+use kernel_macros::kernel;
+
+#[kernel]
+fn k(x: Ref, o: Ref) {
+    let v = x.read().softplus();
+    o.write(v);
+}
+
+fn main() {}
