@@ -3,6 +3,9 @@
 //! Write a kernel with [`kernel`], launch it with [`pallas_call`](dsl::pallas_call),
 //! run it with [`runtime::run`] and check it against [`kernels`]' references. This
 //! crate re-exports the pieces; the `tessera` binary is the command-line tool.
+//!
+//! The README follows; its kernel example is compiled as a doctest.
+#![doc = include_str!("../README.md")]
 
 pub use kernel_ir::{self, dsl};
 pub use kernel_macros::{kernel, kernel_fn};

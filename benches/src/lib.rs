@@ -1,1 +1,55 @@
-//! benches
+//! Shared setup of the benches: each library kernel at a small and a large size.
+
+use kernel_ir::{interpret, Array, InterpretOptions, Kernel};
+use kernels::{BoxError, LibraryKernel, Params};
+
+/// Parameter overrides of the two bench sizes of a library kernel.
+pub fn sizes(name: &str) -> [(&'static str, Vec<String>); 2] {
+    let s = |v: &str| vec![v.to_string()];
+    match name {
+        "matmul" => [
+            ("256", s("m=256,k=256,n=256")),
+            ("512", s("m=512,k=512,n=512")),
+        ],
+        "flash_attention" | "flash_attention_bwd" => [
+            ("s256", s("heads=4,q_len=256,kv_len=256,head_dim=64")),
+            ("s512", s("heads=4,q_len=512,kv_len=512,head_dim=64")),
+        ],
+        "rope" => [("s256", s("seq=256")), ("s1024", s("seq=1024"))],
+        _ => [
+            ("256x1024", s("rows=256,cols=1024")),
+            ("1024x1024", s("rows=1024,cols=1024")),
+        ],
+    }
+}
+
+/// A library kernel ready to run: its parameters and inputs.
+pub struct Case {
+    /// The kernel.
+    pub kernel: &'static dyn LibraryKernel,
+    /// Its parameters.
+    pub params: Params,
+    /// Its inputs.
+    pub inputs: Vec<Array>,
+}
+
+impl Case {
+    /// Builds the case for `kernel` with `overrides`.
+    pub fn new(kernel: &'static dyn LibraryKernel, overrides: &[String]) -> Result<Case, BoxError> {
+        let params = Params::parse(kernel.params(), overrides)?;
+        let inputs = kernel.inputs(&params, 0)?;
+        Ok(Case {
+            kernel,
+            params,
+            inputs,
+        })
+    }
+
+    /// Runs the op once on the interpreter.
+    pub fn run_interpreter(&self) -> Result<Vec<Array>, BoxError> {
+        let mut exec = |k: &Kernel, ins: &[Array]| -> Result<Vec<Array>, BoxError> {
+            Ok(interpret(k, ins, &InterpretOptions::default())?)
+        };
+        self.kernel.run(&self.params, &self.inputs, &mut exec)
+    }
+}
