@@ -199,13 +199,17 @@ pub(crate) fn infer(
                     xt.rank()
                 ));
             }
+            if dims
+                .iter()
+                .enumerate()
+                .any(|(i, &d)| d >= t.rank() || (i > 0 && d <= dims[i - 1]))
+            {
+                return Err(format!(
+                    "dims {dims:?} must be increasing and < the result rank {}",
+                    t.rank()
+                ));
+            }
             for (i, &d) in dims.iter().enumerate() {
-                if d >= t.rank() || (i > 0 && d <= dims[i - 1]) {
-                    return Err(format!(
-                        "dims {dims:?} must be increasing and < the result rank {}",
-                        t.rank()
-                    ));
-                }
                 let (from, to) = (xt.shape[i], t.shape[d]);
                 if from != 1 && from != to {
                     return Err(format!(
