@@ -239,3 +239,63 @@ pub fn demo() -> Result<(), Failure> {
     }
     Ok(())
 }
+
+pub fn bench(
+    name: &str,
+    backend: Option<&str>,
+    overrides: &[String],
+    vs: Option<&str>,
+    runs: usize,
+    json: bool,
+) -> Result<(), Failure> {
+    let k = library_kernel(name)?;
+    let p = params(k, overrides)?;
+    let requested = requested_backend(backend)?;
+    if let Some(baseline) = vs {
+        return Err(usage(match baseline {
+            "torch" | "xla" => format!(
+                "baseline `{baseline}` is not built into this version of tessera \
+                 (it arrives with the native backend and benches issue)"
+            ),
+            other => format!("unknown baseline `{other}`: expected torch or xla"),
+        }));
+    }
+    if runs == 0 {
+        return Err(usage("--runs must be at least 1"));
+    }
+    for kernel in build(k, &p)? {
+        runtime::resolve(requested, &kernel).map_err(|e| usage(e.to_string()))?;
+    }
+    let inputs = k.inputs(&p, 0).map_err(|e| usage(e.to_string()))?;
+    let fail = |e: BoxError| runtime_failure(format!("{name} {p}: {e}"));
+    let (outputs, used) = execute(k, &p, &inputs, requested).map_err(fail)?;
+    let ms = median_ms(runs, || execute(k, &p, &inputs, requested).map(|_| ())).map_err(fail)?;
+    let bytes: usize = inputs
+        .iter()
+        .chain(&outputs)
+        .map(|a| a.ty().num_elements() as usize * a.dtype().size_bytes())
+        .sum();
+    let gflops = k.flops(&p) / (ms * 1e-3) / 1e9;
+    let gbs = bytes as f64 / (ms * 1e-3) / 1e9;
+    let peak = runtime::peak::fma_peak_gflops();
+    let bandwidth = runtime::peak::memory_bandwidth_gbs();
+    if json {
+        println!(
+            "{{\"kernel\":\"{name}\",\"params\":\"{p}\",\"backend\":\"{used}\",\"runs\":{runs},\
+             \"median_ms\":{ms:.4},\"gflops\":{gflops:.3},\"gbs\":{gbs:.3},\
+             \"peak_gflops\":{peak:.1},\"pct_of_peak\":{:.2},\"bandwidth_gbs\":{bandwidth:.1},\
+             \"pct_of_bandwidth\":{:.2},\"baseline\":null}}",
+            100.0 * gflops / peak,
+            100.0 * gbs / bandwidth
+        );
+    } else {
+        println!("{name} {p} backend={used} runs={runs}");
+        println!(
+            "median {ms:.3} ms  {gflops:.2} GFLOP/s ({:.1}% of {peak:.0} GFLOP/s FMA peak)  \
+             {gbs:.2} GB/s ({:.1}% of {bandwidth:.1} GB/s copy bandwidth)",
+            100.0 * gflops / peak,
+            100.0 * gbs / bandwidth
+        );
+    }
+    Ok(())
+}

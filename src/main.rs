@@ -65,6 +65,25 @@ enum Command {
     },
     /// Run every library kernel on every backend and print errors and timings.
     Demo,
+    /// Time a kernel: median, GFLOP/s, GB/s and shares of this machine's measured peaks.
+    Bench {
+        /// Library kernel name.
+        kernel: String,
+        /// interp, xla, native or auto (default: $TESSERA_BACKEND, else auto).
+        #[arg(long)]
+        backend: Option<String>,
+        #[command(flatten)]
+        params: ParamArgs,
+        /// Also time a baseline in the same run: torch or xla.
+        #[arg(long, value_name = "BASELINE")]
+        vs: Option<String>,
+        /// Timed runs after one warm-up run.
+        #[arg(long, default_value_t = 10)]
+        runs: usize,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -83,6 +102,21 @@ fn main() -> ExitCode {
             seed,
         } => commands::run(&kernel, backend.as_deref(), &params.shape, seed),
         Command::Demo => commands::demo(),
+        Command::Bench {
+            kernel,
+            backend,
+            params,
+            vs,
+            runs,
+            json,
+        } => commands::bench(
+            &kernel,
+            backend.as_deref(),
+            &params.shape,
+            vs.as_deref(),
+            runs,
+            json,
+        ),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -156,3 +156,35 @@ fn bad_ir_exits_2_naming_the_problem() {
         );
     }
 }
+
+#[test]
+fn bench_reports_time_throughput_and_peaks() {
+    let o = tessera(&[
+        "bench",
+        "matmul",
+        "--shape",
+        "m=64,k=64,n=64",
+        "--runs",
+        "3",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let line = stdout(&o);
+    for key in [
+        "\"median_ms\":",
+        "\"gflops\":",
+        "\"peak_gflops\":",
+        "\"pct_of_peak\":",
+        "\"backend\":\"interp\"",
+        "\"baseline\":null",
+    ] {
+        assert!(line.contains(key), "{key} missing in {line}");
+    }
+    let o = tessera(&["bench", "softmax", "--vs", "torch"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("baseline `torch` is not built"));
+    assert_eq!(
+        tessera(&["bench", "softmax", "--runs", "0"]).status.code(),
+        Some(2)
+    );
+}

@@ -9,6 +9,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+pub mod peak;
+
 use kernel_ir::{interpret, Array, InterpretOptions, Kernel, RunError};
 
 /// A backend, or `Auto` to let the runtime choose.
