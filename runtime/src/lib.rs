@@ -10,6 +10,8 @@ use std::fmt;
 use std::str::FromStr;
 
 pub mod peak;
+#[cfg(tessera_pjrt)]
+pub mod pjrt;
 
 use kernel_ir::{interpret, Array, InterpretOptions, Kernel, RunError};
 

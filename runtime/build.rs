@@ -1,0 +1,53 @@
+//! Generates PJRT C API bindings from the header that the `xla-cpu-pjrt` wheel ships
+//! (installed into `.venv` by `make setup`). Without the header the XLA backend is
+//! compiled out and reports why it is unavailable.
+
+use std::path::{Path, PathBuf};
+
+/// `<repo>/.venv/lib/python3.*/site-packages/xla_plugins/xla_cpu_pjrt`, if installed.
+fn plugin_dir(repo: &Path) -> Option<PathBuf> {
+    let lib = repo.join(".venv").join("lib");
+    std::fs::read_dir(&lib).ok()?.flatten().find_map(|entry| {
+        let dir = entry.path().join("site-packages/xla_plugins/xla_cpu_pjrt");
+        dir.join("include/pjrt_c_api.h").exists().then_some(dir)
+    })
+}
+
+fn main() {
+    println!("cargo:rustc-check-cfg=cfg(tessera_pjrt)");
+    println!("cargo:rerun-if-env-changed=TESSERA_PJRT_HEADER");
+    println!("cargo:rerun-if-env-changed=TESSERA_PJRT_PLUGIN");
+    let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));
+    let repo = manifest.parent().expect("runtime/ sits in the repo").to_path_buf();
+    println!("cargo:rerun-if-changed={}", repo.join(".venv/lib").display());
+    let dir = plugin_dir(&repo);
+    let header = std::env::var_os("TESSERA_PJRT_HEADER")
+        .map(PathBuf::from)
+        .or_else(|| dir.as_ref().map(|d| d.join("include/pjrt_c_api.h")));
+    let Some(header) = header.filter(|h| h.exists()) else {
+        println!("cargo:warning=PJRT header not found (run `make setup`): the XLA backend is compiled out");
+        return;
+    };
+    println!("cargo:rerun-if-changed={}", header.display());
+    let plugin = std::env::var_os("TESSERA_PJRT_PLUGIN")
+        .map(PathBuf::from)
+        .or_else(|| dir.as_ref().map(|d| d.join("xla_cpu_pjrt.so")))
+        .unwrap_or_default();
+    println!("cargo:rustc-env=TESSERA_DEFAULT_PJRT_PLUGIN={}", plugin.display());
+    let bindings = bindgen::Builder::default()
+        .header(header.to_string_lossy())
+        .allowlist_type("PJRT_.*")
+        .allowlist_var("PJRT_.*")
+        .derive_default(true)
+        .layout_tests(false)
+        .generate_comments(false)
+        .generate();
+    match bindings {
+        Ok(b) => {
+            let out = PathBuf::from(std::env::var("OUT_DIR").expect("set by cargo")).join("pjrt_c_api.rs");
+            b.write_to_file(&out).expect("OUT_DIR is writable");
+            println!("cargo:rustc-cfg=tessera_pjrt");
+        }
+        Err(e) => println!("cargo:warning=bindgen failed on {}: {e}; the XLA backend is compiled out", header.display()),
+    }
+}

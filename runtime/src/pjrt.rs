@@ -1,0 +1,348 @@
+//! A small safe layer over the PJRT C API: load a plugin, create a CPU client, compile
+//! StableHLO, move arrays, execute. Every PJRT error comes back with XLA's message.
+//! Modeled on the `pjrt` crate's flow (plugin -> client -> program -> executable ->
+//! buffers -> execute), over bindings generated from the plugin's own header.
+
+#![allow(unsafe_code)]
+
+use std::ffi::c_void;
+use std::fmt;
+use std::path::Path;
+use std::ptr;
+
+use kernel_ir::{Array, ArrayData, DType, TensorType};
+
+#[allow(non_upper_case_globals, non_camel_case_types, non_snake_case, dead_code, clippy::all)]
+mod ffi {
+    include!(concat!(env!("OUT_DIR"), "/pjrt_c_api.rs"));
+}
+
+/// A failure reported by PJRT or by this layer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PjrtError(pub String);
+
+impl fmt::Display for PjrtError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for PjrtError {}
+
+type Result<T> = std::result::Result<T, PjrtError>;
+
+/// Fills `struct_size` the way the C API's `PJRT_DEFINE_STRUCT_TRAITS` does: the size of
+/// the struct as this header defines it.
+macro_rules! args {
+    ($ty:ident { $($field:ident: $value:expr),* $(,)? }) => {{
+        let mut a = ffi::$ty::default();
+        a.struct_size = std::mem::size_of::<ffi::$ty>();
+        $(a.$field = $value;)*
+        a
+    }};
+}
+
+/// A loaded plugin. It is never unloaded: PJRT plugins do not support it.
+pub struct Plugin {
+    api: &'static ffi::PJRT_Api,
+}
+
+// SAFETY: the PJRT C API is thread-safe; the table of function pointers is immutable.
+unsafe impl Send for Plugin {}
+unsafe impl Sync for Plugin {}
+
+impl Plugin {
+    /// Loads the plugin at `path` and initialises it.
+    pub fn load(path: &Path) -> Result<Plugin> {
+        // SAFETY: loading a PJRT plugin runs its initialisers, which is what it is for.
+        let lib = unsafe { libloading::Library::new(path) }
+            .map_err(|e| PjrtError(format!("cannot load PJRT plugin {}: {e}", path.display())))?;
+        // SAFETY: `GetPjrtApi` is the plugin's documented entry point with this signature.
+        let api = unsafe {
+            let get: libloading::Symbol<unsafe extern "C" fn() -> *const ffi::PJRT_Api> = lib
+                .get(b"GetPjrtApi\0")
+                .map_err(|e| PjrtError(format!("{} exports no GetPjrtApi: {e}", path.display())))?;
+            get()
+        };
+        // The library must outlive every pointer into it.
+        std::mem::forget(lib);
+        // SAFETY: a non-null pointer from GetPjrtApi points at a static table.
+        let api = unsafe { api.as_ref() }
+            .ok_or_else(|| PjrtError(format!("{}: GetPjrtApi returned null", path.display())))?;
+        let v = api.pjrt_api_version;
+        if v.major_version != ffi::PJRT_API_MAJOR as i32 {
+            return Err(PjrtError(format!(
+                "{} implements PJRT C API {}.{}, these bindings are {}.{}",
+                path.display(),
+                v.major_version,
+                v.minor_version,
+                ffi::PJRT_API_MAJOR,
+                ffi::PJRT_API_MINOR
+            )));
+        }
+        let plugin = Plugin { api };
+        if let Some(init) = api.PJRT_Plugin_Initialize {
+            let mut a = args!(PJRT_Plugin_Initialize_Args {});
+            // SAFETY: valid args struct for this entry point.
+            plugin.check(unsafe { init(&mut a) })?;
+        }
+        Ok(plugin)
+    }
+
+    /// The plugin's PJRT C API version `(major, minor)`.
+    pub fn api_version(&self) -> (i32, i32) {
+        let v = self.api.pjrt_api_version;
+        (v.major_version, v.minor_version)
+    }
+
+    /// Turns a PJRT error into a `PjrtError` (and frees it).
+    fn check(&self, err: *mut ffi::PJRT_Error) -> Result<()> {
+        if err.is_null() {
+            return Ok(());
+        }
+        let mut msg = args!(PJRT_Error_Message_Args { error: err });
+        let mut destroy = args!(PJRT_Error_Destroy_Args { error: err });
+        // SAFETY: `err` is a live error owned by us; both calls take valid args.
+        unsafe {
+            if let Some(f) = self.api.PJRT_Error_Message {
+                f(&mut msg);
+            }
+            let text = if msg.message.is_null() {
+                "unknown PJRT error".to_string()
+            } else {
+                let bytes = std::slice::from_raw_parts(msg.message as *const u8, msg.message_size);
+                String::from_utf8_lossy(bytes).into_owned()
+            };
+            if let Some(f) = self.api.PJRT_Error_Destroy {
+                f(&mut destroy);
+            }
+            Err(PjrtError(text))
+        }
+    }
+
+    fn await_event(&self, event: *mut ffi::PJRT_Event) -> Result<()> {
+        if event.is_null() {
+            return Ok(());
+        }
+        let mut a = args!(PJRT_Event_Await_Args { event: event });
+        let mut d = args!(PJRT_Event_Destroy_Args { event: event });
+        // SAFETY: `event` is a live event we own; destroyed exactly once.
+        unsafe {
+            let r = self.check(call(self.api.PJRT_Event_Await, &mut a));
+            call(self.api.PJRT_Event_Destroy, &mut d);
+            r
+        }
+    }
+
+    /// Creates a client with default options.
+    pub fn client(&'static self) -> Result<Client> {
+        let mut a = args!(PJRT_Client_Create_Args {});
+        // SAFETY: valid args; the out-pointer is filled on success.
+        self.check(unsafe { call(self.api.PJRT_Client_Create, &mut a) })?;
+        let client = a.client;
+        let mut d = args!(PJRT_Client_AddressableDevices_Args { client: client });
+        // SAFETY: `client` is live.
+        self.check(unsafe { call(self.api.PJRT_Client_AddressableDevices, &mut d) })?;
+        if d.num_addressable_devices == 0 {
+            return Err(PjrtError("the PJRT client has no addressable device".into()));
+        }
+        // SAFETY: the array has `num_addressable_devices` entries, owned by the client.
+        let device = unsafe { *d.addressable_devices };
+        Ok(Client {
+            plugin: self,
+            client,
+            device,
+        })
+    }
+}
+
+/// Calls an optional C API entry point; a missing one is an error the caller sees as a
+/// null-function PJRT error.
+unsafe fn call<A>(f: Option<unsafe extern "C" fn(*mut A) -> *mut ffi::PJRT_Error>, args: &mut A) -> *mut ffi::PJRT_Error {
+    match f {
+        Some(f) => f(args),
+        None => panic!("PJRT plugin lacks a required C API entry point"),
+    }
+}
+
+/// A PJRT client bound to its first device.
+pub struct Client {
+    plugin: &'static Plugin,
+    client: *mut ffi::PJRT_Client,
+    device: *mut ffi::PJRT_Device,
+}
+
+// SAFETY: PJRT clients are thread-safe.
+unsafe impl Send for Client {}
+unsafe impl Sync for Client {}
+
+/// A compiled program, loaded on the client's device.
+pub struct Executable {
+    plugin: &'static Plugin,
+    exe: *mut ffi::PJRT_LoadedExecutable,
+}
+
+// SAFETY: PJRT executables may be executed from any thread.
+unsafe impl Send for Executable {}
+unsafe impl Sync for Executable {}
+
+impl Drop for Executable {
+    fn drop(&mut self) {
+        let mut a = args!(PJRT_LoadedExecutable_Destroy_Args { executable: self.exe });
+        // SAFETY: we own the executable.
+        unsafe { call(self.plugin.api.PJRT_LoadedExecutable_Destroy, &mut a) };
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        let mut a = args!(PJRT_Client_Destroy_Args { client: self.client });
+        // SAFETY: we own the client; executables hold no borrow of it past this point.
+        unsafe { call(self.plugin.api.PJRT_Client_Destroy, &mut a) };
+    }
+}
+
+/// A device buffer, destroyed on drop.
+struct Buffer {
+    plugin: &'static Plugin,
+    buf: *mut ffi::PJRT_Buffer,
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        let mut a = args!(PJRT_Buffer_Destroy_Args { buffer: self.buf });
+        // SAFETY: we own the buffer.
+        unsafe { call(self.plugin.api.PJRT_Buffer_Destroy, &mut a) };
+    }
+}
+
+fn buffer_type(dtype: DType) -> ffi::PJRT_Buffer_Type {
+    match dtype {
+        DType::F32 => ffi::PJRT_Buffer_Type_PJRT_Buffer_Type_F32,
+        DType::BF16 => ffi::PJRT_Buffer_Type_PJRT_Buffer_Type_BF16,
+        DType::F16 => ffi::PJRT_Buffer_Type_PJRT_Buffer_Type_F16,
+        DType::I32 => ffi::PJRT_Buffer_Type_PJRT_Buffer_Type_S32,
+        DType::Bool => ffi::PJRT_Buffer_Type_PJRT_Buffer_Type_PRED,
+    }
+}
+
+/// The bytes of an array in its device element type.
+fn host_bytes(a: &Array) -> Vec<u8> {
+    match a.data() {
+        ArrayData::Float(v) => match a.dtype() {
+            DType::BF16 => v.iter().flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()).collect(),
+            DType::F16 => v.iter().flat_map(|&x| half::f16::from_f32(x).to_le_bytes()).collect(),
+            _ => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        },
+        ArrayData::Int(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        ArrayData::Bool(v) => v.iter().map(|&b| u8::from(b)).collect(),
+    }
+}
+
+fn array_from_bytes(ty: &TensorType, bytes: &[u8]) -> Result<Array> {
+    let data = match ty.dtype {
+        DType::F32 => ArrayData::Float(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
+        DType::BF16 => ArrayData::Float(bytes.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect()),
+        DType::F16 => ArrayData::Float(bytes.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect()),
+        DType::I32 => ArrayData::Int(bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
+        DType::Bool => ArrayData::Bool(bytes.iter().map(|&b| b != 0).collect()),
+    };
+    Array::new(ty.clone(), data).map_err(|e| PjrtError(format!("device returned a bad buffer: {e}")))
+}
+
+impl Client {
+    /// Compiles a StableHLO module given as MLIR text.
+    pub fn compile(&self, mlir: &str) -> Result<Executable> {
+        let format = "mlir";
+        let program = args!(PJRT_Program {
+            code: mlir.as_ptr() as *mut _,
+            code_size: mlir.len(),
+            format: format.as_ptr() as *const _,
+            format_size: format.len(),
+        });
+        let options = compile_options();
+        let mut a = args!(PJRT_Client_Compile_Args {
+            client: self.client,
+            program: &program,
+            compile_options: options.as_ptr() as *const _,
+            compile_options_size: options.len(),
+        });
+        // SAFETY: every pointer in `a` outlives the call.
+        self.plugin.check(unsafe { call(self.plugin.api.PJRT_Client_Compile, &mut a) })?;
+        Ok(Executable {
+            plugin: self.plugin,
+            exe: a.executable,
+        })
+    }
+
+    fn upload(&self, a: &Array) -> Result<Buffer> {
+        let bytes = host_bytes(a);
+        let dims: Vec<i64> = a.shape().iter().map(|&d| d as i64).collect();
+        let mut args = args!(PJRT_Client_BufferFromHostBuffer_Args {
+            client: self.client,
+            data: bytes.as_ptr() as *const c_void,
+            type_: buffer_type(a.dtype()),
+            dims: dims.as_ptr(),
+            num_dims: dims.len(),
+            host_buffer_semantics: ffi::PJRT_HostBufferSemantics_PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes,
+            device: self.device,
+        });
+        // SAFETY: `bytes` and `dims` live until the transfer-complete event below.
+        self.plugin.check(unsafe { call(self.plugin.api.PJRT_Client_BufferFromHostBuffer, &mut args) })?;
+        let buffer = Buffer {
+            plugin: self.plugin,
+            buf: args.buffer,
+        };
+        self.plugin.await_event(args.done_with_host_buffer)?;
+        Ok(buffer)
+    }
+
+    fn download(&self, b: &Buffer, ty: &TensorType) -> Result<Array> {
+        let size = ty.num_elements() as usize * ty.dtype.size_bytes();
+        let mut bytes = vec![0u8; size];
+        let mut a = args!(PJRT_Buffer_ToHostBuffer_Args {
+            src: b.buf,
+            dst: bytes.as_mut_ptr() as *mut c_void,
+            dst_size: size,
+        });
+        // SAFETY: `bytes` has `dst_size` bytes and lives until the event completes.
+        self.plugin.check(unsafe { call(self.plugin.api.PJRT_Buffer_ToHostBuffer, &mut a) })?;
+        self.plugin.await_event(a.event)?;
+        array_from_bytes(ty, &bytes)
+    }
+
+    /// Runs `exe` on `inputs`; `outputs` are the result types, in order.
+    pub fn execute(&self, exe: &Executable, inputs: &[Array], outputs: &[TensorType]) -> Result<Vec<Array>> {
+        let buffers = inputs.iter().map(|a| self.upload(a)).collect::<Result<Vec<_>>>()?;
+        let raw: Vec<*mut ffi::PJRT_Buffer> = buffers.iter().map(|b| b.buf).collect();
+        let arg_list: *const *mut ffi::PJRT_Buffer = raw.as_ptr();
+        let mut out: Vec<*mut ffi::PJRT_Buffer> = vec![ptr::null_mut(); outputs.len()];
+        let mut out_list: *mut *mut ffi::PJRT_Buffer = out.as_mut_ptr();
+        let mut done: *mut ffi::PJRT_Event = ptr::null_mut();
+        let mut options = args!(PJRT_ExecuteOptions {});
+        let mut a = args!(PJRT_LoadedExecutable_Execute_Args {
+            executable: exe.exe,
+            options: &mut options,
+            argument_lists: &arg_list,
+            num_devices: 1,
+            num_args: raw.len(),
+            output_lists: &mut out_list,
+            device_complete_events: &mut done,
+        });
+        // SAFETY: argument and output arrays are sized for one device and live past the call.
+        self.plugin.check(unsafe { call(self.plugin.api.PJRT_LoadedExecutable_Execute, &mut a) })?;
+        let results: Vec<Buffer> = out
+            .into_iter()
+            .map(|buf| Buffer { plugin: self.plugin, buf })
+            .collect();
+        self.plugin.await_event(done)?;
+        drop(buffers);
+        results.iter().zip(outputs).map(|(b, ty)| self.download(b, ty)).collect()
+    }
+}
+
+/// A serialized `CompileOptionsProto` with one replica and one partition:
+/// `executable_build_options` (field 3) { `num_replicas` (4) = 1, `num_partitions` (5) = 1 }.
+fn compile_options() -> Vec<u8> {
+    vec![0x1a, 0x04, 0x20, 0x01, 0x28, 0x01]
+}
