@@ -1,4 +1,6 @@
-//! Lowerings of verified `kernel_ir::Kernel`s: Mosaic TPU wrapped in a StableHLO
-//! `tpu_custom_call`, plain StableHLO for the XLA fallback, and upstream MLIR for the
-//! native CPU backend. Each target gets a module here as its issue lands; the
-//! interpreter in `kernel-ir` defines the semantics they must match.
+//! Lowerings of verified `kernel_ir::Kernel`s. [`stablehlo`] produces the XLA fallback
+//! module; Mosaic TPU (a `tpu_custom_call`) and upstream MLIR for the native CPU backend
+//! get their modules here as their issues land. The interpreter in `kernel-ir` defines
+//! the semantics every lowering must match.
+
+pub mod stablehlo;

@@ -12,6 +12,8 @@ use std::str::FromStr;
 pub mod peak;
 #[cfg(tessera_pjrt)]
 pub mod pjrt;
+#[cfg(tessera_pjrt)]
+pub mod xla;
 
 use kernel_ir::{interpret, Array, InterpretOptions, Kernel, RunError};
 
@@ -46,9 +48,7 @@ impl Backend {
     pub fn unavailable_because(self, _kernel: &Kernel) -> Option<&'static str> {
         match self {
             Backend::Interp | Backend::Auto => None,
-            Backend::Xla => {
-                Some("the XLA (PJRT) backend is not built into this version of tessera")
-            }
+            Backend::Xla => xla_unavailable(),
             Backend::Native => {
                 Some("the native MLIR backend is not built into this version of tessera")
             }
@@ -75,6 +75,41 @@ impl FromStr for Backend {
     }
 }
 
+#[cfg(tessera_pjrt)]
+fn xla_unavailable() -> Option<&'static str> {
+    xla::backend().err()
+}
+
+#[cfg(not(tessera_pjrt))]
+fn xla_unavailable() -> Option<&'static str> {
+    Some("tessera was built without the PJRT header: run `make setup`, then rebuild")
+}
+
+/// Checks that `inputs` match the kernel's input types.
+pub fn check_inputs(kernel: &Kernel, inputs: &[Array]) -> Result<(), Error> {
+    let expected = kernel.input_types();
+    if inputs.len() != expected.len() {
+        return Err(Error::Run(RunError::BadArgument {
+            index: inputs.len().min(expected.len()),
+            message: format!(
+                "kernel @{} takes {} inputs, {} were given",
+                kernel.name,
+                expected.len(),
+                inputs.len()
+            ),
+        }));
+    }
+    for (index, (a, t)) in inputs.iter().zip(&expected).enumerate() {
+        if a.ty() != t {
+            return Err(Error::Run(RunError::BadArgument {
+                index,
+                message: format!("%{} expects {t}, got {}", kernel.refs[index].name, a.ty()),
+            }));
+        }
+    }
+    Ok(())
+}
+
 /// Errors of the runtime.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -92,6 +127,9 @@ pub enum Error {
     /// The kernel failed while running.
     #[error(transparent)]
     Run(#[from] RunError),
+    /// XLA failed to compile or run the lowered kernel (XLA's message included).
+    #[error("XLA: {0}")]
+    Xla(String),
 }
 
 /// The backend a call resolved to and the reasons other backends were passed over.
@@ -150,9 +188,23 @@ pub fn run(
     let resolution = resolve(requested, kernel)?;
     let outputs = match resolution.backend {
         Backend::Interp => interpret(kernel, inputs, &InterpretOptions::default())?,
+        Backend::Xla => run_xla(kernel, inputs)?,
         other => unreachable!("resolve() only returns available backends, got {other}"),
     };
     Ok((outputs, resolution))
+}
+
+#[cfg(tessera_pjrt)]
+fn run_xla(kernel: &Kernel, inputs: &[Array]) -> Result<Vec<Array>, Error> {
+    match xla::backend() {
+        Ok(x) => x.run(kernel, inputs),
+        Err(reason) => Err(Error::Unavailable { backend: Backend::Xla, reason: reason.into() }),
+    }
+}
+
+#[cfg(not(tessera_pjrt))]
+fn run_xla(_kernel: &Kernel, _inputs: &[Array]) -> Result<Vec<Array>, Error> {
+    Err(Error::Unavailable { backend: Backend::Xla, reason: xla_unavailable().unwrap_or_default().into() })
 }
 
 #[cfg(test)]
