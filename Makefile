@@ -1,14 +1,38 @@
 # Tessera: the README's two commands are `make demo` and `make test`.
-# Every install step lives here and is idempotent.
+# Every install step lives here, and each is idempotent (skipped when already done).
 
 CARGO ?= cargo
+PYTHON ?= python3
+VENV := .venv
+PIP := $(VENV)/bin/pip
 BIN := target/release/tessera
 
-.PHONY: demo test setup build lint fmt-check clippy clean
+# Debian packages: libclang for bindgen (PJRT bindings from the plugin's header).
+APT_PACKAGES := libclang-14-dev
+# The XLA CPU PJRT plugin; its wheel also ships the pjrt_c_api.h the bindings come from.
+PJRT_PLUGIN := xla-cpu-pjrt==0.0.1
+PJRT_STAMP := $(VENV)/.pjrt-$(PJRT_PLUGIN)
 
-## setup: check the toolchain this build needs (Rust, from the machine's rustup).
-setup:
+.PHONY: demo test setup apt venv build lint fmt-check clippy clean
+
+## setup: install what the build needs (system packages, the venv, the PJRT plugin).
+setup: apt $(PJRT_STAMP)
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust (rustup)"; exit 1; }
+
+apt:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(PJRT_STAMP): $(VENV)/bin/python
+	$(PIP) install -q --no-deps $(PJRT_PLUGIN)
+	touch $@
 
 build: setup
 	$(CARGO) build --release --workspace
@@ -17,16 +41,16 @@ build: setup
 demo: build
 	$(BIN) demo
 
-## test: every test, plus formatting and lints.
+## test: every test (XLA required), plus formatting and lints.
 test: setup lint
-	$(CARGO) test --release --workspace
+	TESSERA_REQUIRE_XLA=1 $(CARGO) test --release --workspace
 
 lint: fmt-check clippy
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
 
-clippy:
+clippy: setup
 	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
 
 clean:

@@ -18,8 +18,14 @@ fn main() {
     println!("cargo:rerun-if-env-changed=TESSERA_PJRT_HEADER");
     println!("cargo:rerun-if-env-changed=TESSERA_PJRT_PLUGIN");
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));
-    let repo = manifest.parent().expect("runtime/ sits in the repo").to_path_buf();
-    println!("cargo:rerun-if-changed={}", repo.join(".venv/lib").display());
+    let repo = manifest
+        .parent()
+        .expect("runtime/ sits in the repo")
+        .to_path_buf();
+    println!(
+        "cargo:rerun-if-changed={}",
+        repo.join(".venv/lib").display()
+    );
     let dir = plugin_dir(&repo);
     let header = std::env::var_os("TESSERA_PJRT_HEADER")
         .map(PathBuf::from)
@@ -33,7 +39,10 @@ fn main() {
         .map(PathBuf::from)
         .or_else(|| dir.as_ref().map(|d| d.join("xla_cpu_pjrt.so")))
         .unwrap_or_default();
-    println!("cargo:rustc-env=TESSERA_DEFAULT_PJRT_PLUGIN={}", plugin.display());
+    println!(
+        "cargo:rustc-env=TESSERA_DEFAULT_PJRT_PLUGIN={}",
+        plugin.display()
+    );
     let bindings = bindgen::Builder::default()
         .header(header.to_string_lossy())
         .allowlist_type("PJRT_.*")
@@ -44,10 +53,14 @@ fn main() {
         .generate();
     match bindings {
         Ok(b) => {
-            let out = PathBuf::from(std::env::var("OUT_DIR").expect("set by cargo")).join("pjrt_c_api.rs");
+            let out = PathBuf::from(std::env::var("OUT_DIR").expect("set by cargo"))
+                .join("pjrt_c_api.rs");
             b.write_to_file(&out).expect("OUT_DIR is writable");
             println!("cargo:rustc-cfg=tessera_pjrt");
         }
-        Err(e) => println!("cargo:warning=bindgen failed on {}: {e}; the XLA backend is compiled out", header.display()),
+        Err(e) => println!(
+            "cargo:warning=bindgen failed on {}: {e}; the XLA backend is compiled out",
+            header.display()
+        ),
     }
 }

@@ -299,3 +299,71 @@ pub fn bench(
     }
     Ok(())
 }
+
+pub fn lower(
+    name: &str,
+    target: &str,
+    overrides: &[String],
+    out: Option<&Path>,
+) -> Result<(), Failure> {
+    let k = library_kernel(name)?;
+    let p = params(k, overrides)?;
+    let lower_one: fn(&Kernel) -> String = match target {
+        "stablehlo" => lowering::stablehlo::lower,
+        "mosaic" | "mosaic-body" | "cpu-mlir" => {
+            return Err(usage(format!(
+                "target `{target}` is not built into this version of tessera yet"
+            )))
+        }
+        other => {
+            return Err(usage(format!(
+                "unknown target `{other}`: expected stablehlo, mosaic, mosaic-body or cpu-mlir"
+            )))
+        }
+    };
+    let text: Vec<String> = build(k, &p)?.iter().map(lower_one).collect();
+    let text = text.join("\n");
+    match out {
+        Some(path) => std::fs::write(path, text)
+            .map_err(|e| runtime_failure(format!("cannot write {}: {e}", path.display()))),
+        None => {
+            print!("{text}");
+            Ok(())
+        }
+    }
+}
+
+/// Subdirectories of the cache directory, one per compiling backend.
+const CACHE_TIERS: &[&str] = &["xla"];
+
+fn cache_dir() -> Result<std::path::PathBuf, Failure> {
+    runtime::cache::default_dir()
+        .ok_or_else(|| usage("no cache directory: set TESSERA_CACHE_DIR (or HOME)"))
+}
+
+pub fn cache_stats() -> Result<(), Failure> {
+    let dir = cache_dir()?;
+    println!("dir {}", dir.display());
+    for tier in CACHE_TIERS {
+        let path = dir.join(tier);
+        let u = runtime::cache::disk_usage(&path)
+            .map_err(|e| runtime_failure(format!("{}: {e}", path.display())))?;
+        println!(
+            "{tier}: {} entries, {} bytes, {} leftover temporary files",
+            u.entries, u.bytes, u.leftovers
+        );
+    }
+    Ok(())
+}
+
+pub fn cache_clear() -> Result<(), Failure> {
+    let dir = cache_dir()?;
+    let mut removed = 0;
+    for tier in CACHE_TIERS {
+        let path = dir.join(tier);
+        removed += runtime::cache::clear(&path)
+            .map_err(|e| runtime_failure(format!("{}: {e}", path.display())))?;
+    }
+    println!("removed {removed} files from {}", dir.display());
+    Ok(())
+}

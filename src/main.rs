@@ -65,6 +65,24 @@ enum Command {
     },
     /// Run every library kernel on every backend and print errors and timings.
     Demo,
+    /// Print a kernel lowered for a target (stablehlo).
+    Lower {
+        /// Library kernel name.
+        kernel: String,
+        /// The target: stablehlo.
+        #[arg(long)]
+        target: String,
+        #[command(flatten)]
+        params: ParamArgs,
+        /// Write the module(s) to FILE instead of stdout.
+        #[arg(long, value_name = "FILE")]
+        out: Option<std::path::PathBuf>,
+    },
+    /// Inspect or empty the on-disk compilation cache.
+    Cache {
+        #[command(subcommand)]
+        action: CacheAction,
+    },
     /// Time a kernel: median, GFLOP/s, GB/s and shares of this machine's measured peaks.
     Bench {
         /// Library kernel name.
@@ -86,6 +104,14 @@ enum Command {
     },
 }
 
+#[derive(Subcommand)]
+enum CacheAction {
+    /// Where the cache is, how many entries it holds and their size.
+    Stats,
+    /// Remove every entry.
+    Clear,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -102,6 +128,16 @@ fn main() -> ExitCode {
             seed,
         } => commands::run(&kernel, backend.as_deref(), &params.shape, seed),
         Command::Demo => commands::demo(),
+        Command::Lower {
+            kernel,
+            target,
+            params,
+            out,
+        } => commands::lower(&kernel, &target, &params.shape, out.as_deref()),
+        Command::Cache { action } => match action {
+            CacheAction::Stats => commands::cache_stats(),
+            CacheAction::Clear => commands::cache_clear(),
+        },
         Command::Bench {
             kernel,
             backend,

@@ -17,8 +17,8 @@ use std::collections::HashMap;
 use std::fmt::Write;
 
 use kernel_ir::{
-    BinaryOp, BlockDim, CmpPred, DType, Index, IndexBinOp, IndexExpr, Kernel, Literal, Op,
-    OpKind, RefKind, ReduceOp, Region, Start, TensorType, UnaryOp, Value,
+    BinaryOp, BlockDim, CmpPred, DType, Index, IndexBinOp, IndexExpr, Kernel, Literal, Op, OpKind,
+    ReduceOp, RefKind, Region, Start, TensorType, UnaryOp, Value,
 };
 
 /// Lowers a verified kernel to a StableHLO module whose `main` takes the inputs and
@@ -111,13 +111,13 @@ impl<'k> Emitter<'k> {
             .refs
             .iter()
             .map(|r| match &r.block {
-                Some(spec) => r
-                    .ty
-                    .shape
-                    .iter()
-                    .zip(&spec.block_shape)
-                    .map(|(&n, b)| n.div_ceil(b.extent()) * b.extent())
-                    .collect(),
+                Some(spec) => {
+                    r.ty.shape
+                        .iter()
+                        .zip(&spec.block_shape)
+                        .map(|(&n, b)| n.div_ceil(b.extent()) * b.extent())
+                        .collect()
+                }
                 None => r.ty.shape.clone(),
             })
             .collect();
@@ -152,7 +152,11 @@ impl<'k> Emitter<'k> {
         let r = self.fresh();
         let names: Vec<&str> = operands.iter().map(|o| o.0).collect();
         let types: Vec<&str> = operands.iter().map(|o| o.1).collect();
-        let attrs = if attrs.is_empty() { String::new() } else { format!(" {{{attrs}}}") };
+        let attrs = if attrs.is_empty() {
+            String::new()
+        } else {
+            format!(" {{{attrs}}}")
+        };
         let text = format!(
             "{r} = \"stablehlo.{name}\"({}){attrs} : ({}) -> {result}",
             names.join(", "),
@@ -187,7 +191,12 @@ impl<'k> Emitter<'k> {
             "comparison_direction = #stablehlo<comparison_direction {dir}>, \
              compare_type = #stablehlo<comparison_type {kind}>"
         );
-        self.op("compare", &[(a, &t), (b, &t)], &attrs, &ty_of(DType::Bool, shape))
+        self.op(
+            "compare",
+            &[(a, &t), (b, &t)],
+            &attrs,
+            &ty_of(DType::Bool, shape),
+        )
     }
 
     /// Integer division and remainder rounded toward negative infinity.
@@ -208,7 +217,12 @@ impl<'k> Emitter<'k> {
             let one = self.constant(DType::I32, shape, 1.0);
             (self.binary_raw("subtract", &q, &one, &t), q)
         };
-        self.op("select", &[(&adjust, &bt), (&fixed, &t), (&plain, &t)], "", &t)
+        self.op(
+            "select",
+            &[(&adjust, &bt), (&fixed, &t), (&plain, &t)],
+            "",
+            &t,
+        )
     }
 
     fn convert(&mut self, x: &str, from: &TensorType, to: DType) -> String {
@@ -222,7 +236,12 @@ impl<'k> Emitter<'k> {
         if from == to {
             return x.to_string();
         }
-        self.op("reshape", &[(x, &ty_of(dtype, from))], "", &ty_of(dtype, to))
+        self.op(
+            "reshape",
+            &[(x, &ty_of(dtype, from))],
+            "",
+            &ty_of(dtype, to),
+        )
     }
 
     fn index_expr(&mut self, e: &IndexExpr) -> String {
@@ -247,7 +266,9 @@ impl<'k> Emitter<'k> {
 
     /// Writable refs (outputs, scratch), whose arrays are threaded through control flow.
     fn writable(&self) -> Vec<usize> {
-        (0..self.k.refs.len()).filter(|&i| self.k.refs[i].kind != RefKind::Input).collect()
+        (0..self.k.refs.len())
+            .filter(|&i| self.k.refs[i].kind != RefKind::Input)
+            .collect()
     }
 
     fn writable_types(&self) -> Vec<String> {
@@ -309,11 +330,20 @@ impl<'k> Emitter<'k> {
                     i64_array(r.ty.shape.iter().copied()),
                     i64_array(r.ty.shape.iter().map(|_| 1))
                 );
-                self.op("slice", &[(&a, &ty_of(r.ty.dtype, &self.padded[i]))], &attrs, &tty(&r.ty))
+                self.op(
+                    "slice",
+                    &[(&a, &ty_of(r.ty.dtype, &self.padded[i]))],
+                    &attrs,
+                    &tty(&r.ty),
+                )
             };
             returned.push(v);
         }
-        self.line(&format!("\"func.return\"({}) : ({}) -> ()", returned.join(", "), results.join(", ")));
+        self.line(&format!(
+            "\"func.return\"({}) : ({}) -> ()",
+            returned.join(", "),
+            results.join(", ")
+        ));
         format!(
             "module @{name} {{\n  func.func public @main({params}) -> ({results}) {{\n{body}  }}\n}}\n",
             name = k.name,
@@ -328,7 +358,9 @@ impl<'k> Emitter<'k> {
     fn grid_loop(&mut self) {
         let total = self.k.num_programs();
         if total == 1 {
-            self.pids = (0..self.k.grid.len()).map(|_| self.index_const(0)).collect();
+            self.pids = (0..self.k.grid.len())
+                .map(|_| self.index_const(0))
+                .collect();
             self.program_body();
             return;
         }
@@ -382,9 +414,16 @@ impl<'k> Emitter<'k> {
         let r = self.fresh();
         let n = inits.len();
         let sig = types.join(", ");
-        self.line(&format!("{r}:{n} = \"stablehlo.while\"({}) ({{", inits.join(", ")));
+        self.line(&format!(
+            "{r}:{n} = \"stablehlo.while\"({}) ({{",
+            inits.join(", ")
+        ));
         let cond_args: Vec<String> = (0..n).map(|_| self.fresh()).collect();
-        let decl: Vec<String> = cond_args.iter().zip(types).map(|(a, t)| format!("{a}: {t}")).collect();
+        let decl: Vec<String> = cond_args
+            .iter()
+            .zip(types)
+            .map(|(a, t)| format!("{a}: {t}"))
+            .collect();
         self.line(&format!("^bb0({}):", decl.join(", ")));
         self.indent += 1;
         let c = self.compare("LT", &cond_args[0], limit, DType::I32, &[]);
@@ -392,11 +431,18 @@ impl<'k> Emitter<'k> {
         self.indent -= 1;
         self.line("}, {");
         let body_args: Vec<String> = (0..n).map(|_| self.fresh()).collect();
-        let decl: Vec<String> = body_args.iter().zip(types).map(|(a, t)| format!("{a}: {t}")).collect();
+        let decl: Vec<String> = body_args
+            .iter()
+            .zip(types)
+            .map(|(a, t)| format!("{a}: {t}"))
+            .collect();
         self.line(&format!("^bb0({}):", decl.join(", ")));
         self.indent += 1;
         let next = body(self, &body_args);
-        self.line(&format!("\"stablehlo.return\"({}) : ({sig}) -> ()", next.join(", ")));
+        self.line(&format!(
+            "\"stablehlo.return\"({}) : ({sig}) -> ()",
+            next.join(", ")
+        ));
         self.indent -= 1;
         self.line(&format!("}}) : ({sig}) -> ({sig})"));
         (0..n).map(|i| format!("{r}#{i}")).collect()
@@ -459,14 +505,23 @@ impl<'k> Emitter<'k> {
                 None => self.index_const(0),
             };
             let BlockDim::Size(extent) = *bd else {
-                out.push(DimWindow { start: base, count: 1 });
+                out.push(DimWindow {
+                    start: base,
+                    count: 1,
+                });
                 continue;
             };
             let (offset, count) = match index[kernel_dim] {
                 Index::Full => (None, extent),
                 Index::At(v) => (Some(self.v(v)), 1),
-                Index::Slice { start: Start::Static(s), size } => (Some(self.index_const(s as i64)), size),
-                Index::Slice { start: Start::Dynamic(v), size } => (Some(self.v(v)), size),
+                Index::Slice {
+                    start: Start::Static(s),
+                    size,
+                } => (Some(self.index_const(s as i64)), size),
+                Index::Slice {
+                    start: Start::Dynamic(v),
+                    size,
+                } => (Some(self.v(v)), size),
             };
             kernel_dim += 1;
             let start = match offset {
@@ -495,9 +550,19 @@ impl<'k> Emitter<'k> {
             }
             OpKind::Iota { dim } => {
                 let t = result_ty(0);
-                self.op("iota", &[], &format!("iota_dimension = {dim} : i64"), &tty(&t))
+                self.op(
+                    "iota",
+                    &[],
+                    &format!("iota_dimension = {dim} : i64"),
+                    &tty(&t),
+                )
             }
-            OpKind::Load { src, index, mask, other } => {
+            OpKind::Load {
+                src,
+                index,
+                mask,
+                other,
+            } => {
                 let r = src.0 as usize;
                 let t = result_ty(0);
                 let dims = self.window(r, index);
@@ -505,8 +570,14 @@ impl<'k> Emitter<'k> {
                 let dtype = k.refs[r].ty.dtype;
                 let array_t = ty_of(dtype, &self.padded[r]);
                 let mut operands = vec![(self.arrays[r].clone(), array_t)];
-                operands.extend(dims.iter().map(|d| (d.start.clone(), ty_of(DType::I32, &[]))));
-                let refs: Vec<(&str, &str)> = operands.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+                operands.extend(
+                    dims.iter()
+                        .map(|d| (d.start.clone(), ty_of(DType::I32, &[]))),
+                );
+                let refs: Vec<(&str, &str)> = operands
+                    .iter()
+                    .map(|(a, b)| (a.as_str(), b.as_str()))
+                    .collect();
                 let attrs = format!("slice_sizes = {}", i64_array(full.iter().copied()));
                 let sliced = self.op("dynamic_slice", &refs, &attrs, &ty_of(dtype, &full));
                 let loaded = self.reshape(&sliced, dtype, &full, &t.shape);
@@ -516,47 +587,108 @@ impl<'k> Emitter<'k> {
                         let fill = match other {
                             Some(o) => {
                                 let o = self.v(*o);
-                                self.op("broadcast_in_dim", &[(&o, &ty_of(dtype, &[]))], "broadcast_dimensions = array<i64>", &tty(&t))
+                                self.op(
+                                    "broadcast_in_dim",
+                                    &[(&o, &ty_of(dtype, &[]))],
+                                    "broadcast_dimensions = array<i64>",
+                                    &tty(&t),
+                                )
                             }
                             None => self.constant(dtype, &t.shape, 0.0),
                         };
                         let m = self.v(*m);
-                        self.op("select", &[(&m, &ty_of(DType::Bool, &t.shape)), (&loaded, &tty(&t)), (&fill, &tty(&t))], "", &tty(&t))
+                        self.op(
+                            "select",
+                            &[
+                                (&m, &ty_of(DType::Bool, &t.shape)),
+                                (&loaded, &tty(&t)),
+                                (&fill, &tty(&t)),
+                            ],
+                            "",
+                            &tty(&t),
+                        )
                     }
                 }
             }
-            OpKind::Store { dst, index, value, mask } => {
+            OpKind::Store {
+                dst,
+                index,
+                value,
+                mask,
+            } => {
                 let r = dst.0 as usize;
                 let dims = self.window(r, index);
                 let full: Vec<u64> = dims.iter().map(|d| d.count).collect();
                 let vt = k.type_of(*value).clone();
                 let dtype = vt.dtype;
                 let array_t = ty_of(dtype, &self.padded[r]);
-                let index_ops: Vec<(String, String)> = dims.iter().map(|d| (d.start.clone(), ty_of(DType::I32, &[]))).collect();
+                let index_ops: Vec<(String, String)> = dims
+                    .iter()
+                    .map(|d| (d.start.clone(), ty_of(DType::I32, &[])))
+                    .collect();
                 let mut new = self.reshape(&self.v(*value), dtype, &vt.shape, &full);
                 if let Some(m) = mask {
                     let mut operands = vec![(self.arrays[r].clone(), array_t.clone())];
                     operands.extend(index_ops.iter().cloned());
-                    let refs: Vec<(&str, &str)> = operands.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+                    let refs: Vec<(&str, &str)> = operands
+                        .iter()
+                        .map(|(a, b)| (a.as_str(), b.as_str()))
+                        .collect();
                     let attrs = format!("slice_sizes = {}", i64_array(full.iter().copied()));
                     let old = self.op("dynamic_slice", &refs, &attrs, &ty_of(dtype, &full));
                     let m = self.reshape(&self.v(*m), DType::Bool, &vt.shape, &full);
-                    new = self.op("select", &[(&m, &ty_of(DType::Bool, &full)), (&new, &ty_of(dtype, &full)), (&old, &ty_of(dtype, &full))], "", &ty_of(dtype, &full));
+                    new = self.op(
+                        "select",
+                        &[
+                            (&m, &ty_of(DType::Bool, &full)),
+                            (&new, &ty_of(dtype, &full)),
+                            (&old, &ty_of(dtype, &full)),
+                        ],
+                        "",
+                        &ty_of(dtype, &full),
+                    );
                 }
-                let mut operands = vec![(self.arrays[r].clone(), array_t.clone()), (new, ty_of(dtype, &full))];
+                let mut operands = vec![
+                    (self.arrays[r].clone(), array_t.clone()),
+                    (new, ty_of(dtype, &full)),
+                ];
                 operands.extend(index_ops);
-                let refs: Vec<(&str, &str)> = operands.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+                let refs: Vec<(&str, &str)> = operands
+                    .iter()
+                    .map(|(a, b)| (a.as_str(), b.as_str()))
+                    .collect();
                 self.arrays[r] = self.op("dynamic_update_slice", &refs, "", &array_t);
                 return;
             }
             OpKind::Broadcast { x, dims } => {
-                let attrs = format!("broadcast_dimensions = {}", i64_array(dims.iter().map(|&d| d as u64)));
-                self.op("broadcast_in_dim", &[(&self.v(*x), &self.vt(*x))], &attrs, &tty(&result_ty(0)))
+                let attrs = format!(
+                    "broadcast_dimensions = {}",
+                    i64_array(dims.iter().map(|&d| d as u64))
+                );
+                self.op(
+                    "broadcast_in_dim",
+                    &[(&self.v(*x), &self.vt(*x))],
+                    &attrs,
+                    &tty(&result_ty(0)),
+                )
             }
-            OpKind::Reshape { x } => self.op("reshape", &[(&self.v(*x), &self.vt(*x))], "", &tty(&result_ty(0))),
+            OpKind::Reshape { x } => self.op(
+                "reshape",
+                &[(&self.v(*x), &self.vt(*x))],
+                "",
+                &tty(&result_ty(0)),
+            ),
             OpKind::Transpose { x, perm } => {
-                let attrs = format!("permutation = {}", i64_array(perm.iter().map(|&d| d as u64)));
-                self.op("transpose", &[(&self.v(*x), &self.vt(*x))], &attrs, &tty(&result_ty(0)))
+                let attrs = format!(
+                    "permutation = {}",
+                    i64_array(perm.iter().map(|&d| d as u64))
+                );
+                self.op(
+                    "transpose",
+                    &[(&self.v(*x), &self.vt(*x))],
+                    &attrs,
+                    &tty(&result_ty(0)),
+                )
             }
             OpKind::Unary { op: u, x } => {
                 let name = match u {
@@ -614,9 +746,17 @@ impl<'k> Emitter<'k> {
                 };
                 self.compare(dir, &self.v(*lhs), &self.v(*rhs), t.dtype, &t.shape)
             }
-            OpKind::Select { cond, on_true, on_false } => self.op(
+            OpKind::Select {
+                cond,
+                on_true,
+                on_false,
+            } => self.op(
                 "select",
-                &[(&self.v(*cond), &self.vt(*cond)), (&self.v(*on_true), &self.vt(*on_true)), (&self.v(*on_false), &self.vt(*on_false))],
+                &[
+                    (&self.v(*cond), &self.vt(*cond)),
+                    (&self.v(*on_true), &self.vt(*on_true)),
+                    (&self.v(*on_false), &self.vt(*on_false)),
+                ],
                 "",
                 &self.vt(*on_true),
             ),
@@ -626,7 +766,11 @@ impl<'k> Emitter<'k> {
             }
             OpKind::Reduce { op: r, x, axes } => {
                 let xt = k.type_of(*x).clone();
-                let acc = if xt.dtype.is_float() { DType::F32 } else { xt.dtype };
+                let acc = if xt.dtype.is_float() {
+                    DType::F32
+                } else {
+                    xt.dtype
+                };
                 let input = self.convert(&self.v(*x), &xt, acc);
                 let init_value = match (r, acc) {
                     (ReduceOp::Sum, _) => 0.0,
@@ -659,11 +803,24 @@ impl<'k> Emitter<'k> {
                     i64_array(axes.iter().map(|&a| a as u64)),
                     ty_of(acc, &xt.shape)
                 ));
-                self.convert(&res, &TensorType::new(acc, out_t.shape.clone()), out_t.dtype)
+                self.convert(
+                    &res,
+                    &TensorType::new(acc, out_t.shape.clone()),
+                    out_t.dtype,
+                )
             }
-            OpKind::Dot { lhs, rhs, transpose_lhs, transpose_rhs } => {
+            OpKind::Dot {
+                lhs,
+                rhs,
+                transpose_lhs,
+                transpose_rhs,
+            } => {
                 let (lt, rt) = (k.type_of(*lhs).clone(), k.type_of(*rhs).clone());
-                let acc = if lt.dtype.is_float() { DType::F32 } else { DType::I32 };
+                let acc = if lt.dtype.is_float() {
+                    DType::F32
+                } else {
+                    DType::I32
+                };
                 let a = self.convert(&self.v(*lhs), &lt, acc);
                 let b = self.convert(&self.v(*rhs), &rt, acc);
                 let attrs = format!(
@@ -678,7 +835,13 @@ impl<'k> Emitter<'k> {
                     &tty(&result_ty(0)),
                 )
             }
-            OpKind::For { lower, upper, step, inits, body } => {
+            OpKind::For {
+                lower,
+                upper,
+                step,
+                inits,
+                body,
+            } => {
                 let writable = self.writable();
                 let mut init_names = vec![self.v(*lower)];
                 init_names.extend(inits.iter().map(|&v| self.v(v)));
@@ -710,14 +873,22 @@ impl<'k> Emitter<'k> {
                 }
                 return;
             }
-            OpKind::If { cond, then_region, else_region } => {
+            OpKind::If {
+                cond,
+                then_region,
+                else_region,
+            } => {
                 let writable = self.writable();
                 let mut types: Vec<String> = op.results.iter().map(|&r| self.vt(r)).collect();
                 types.extend(self.writable_types());
-                let before: Vec<String> = writable.iter().map(|&i| self.arrays[i].clone()).collect();
+                let before: Vec<String> =
+                    writable.iter().map(|&i| self.arrays[i].clone()).collect();
                 let r = self.fresh();
                 let n = types.len();
-                self.line(&format!("{r}:{n} = \"stablehlo.if\"({}) ({{", self.v(*cond)));
+                self.line(&format!(
+                    "{r}:{n} = \"stablehlo.if\"({}) ({{",
+                    self.v(*cond)
+                ));
                 for (which, region) in [then_region, else_region].into_iter().enumerate() {
                     if which == 1 {
                         self.line("}, {");
@@ -728,7 +899,11 @@ impl<'k> Emitter<'k> {
                     }
                     let mut out = self.region_ops(region);
                     out.extend(writable.iter().map(|&i| self.arrays[i].clone()));
-                    self.line(&format!("\"stablehlo.return\"({}) : ({}) -> ()", out.join(", "), types.join(", ")));
+                    self.line(&format!(
+                        "\"stablehlo.return\"({}) : ({}) -> ()",
+                        out.join(", "),
+                        types.join(", ")
+                    ));
                     self.indent -= 1;
                 }
                 self.line(&format!("}}) : (tensor<i1>) -> ({})", types.join(", ")));

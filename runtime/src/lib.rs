@@ -9,6 +9,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+pub mod cache;
 pub mod peak;
 #[cfg(tessera_pjrt)]
 pub mod pjrt;
@@ -198,13 +199,19 @@ pub fn run(
 fn run_xla(kernel: &Kernel, inputs: &[Array]) -> Result<Vec<Array>, Error> {
     match xla::backend() {
         Ok(x) => x.run(kernel, inputs),
-        Err(reason) => Err(Error::Unavailable { backend: Backend::Xla, reason: reason.into() }),
+        Err(reason) => Err(Error::Unavailable {
+            backend: Backend::Xla,
+            reason: reason.into(),
+        }),
     }
 }
 
 #[cfg(not(tessera_pjrt))]
 fn run_xla(_kernel: &Kernel, _inputs: &[Array]) -> Result<Vec<Array>, Error> {
-    Err(Error::Unavailable { backend: Backend::Xla, reason: xla_unavailable().unwrap_or_default().into() })
+    Err(Error::Unavailable {
+        backend: Backend::Xla,
+        reason: xla_unavailable().unwrap_or_default().into(),
+    })
 }
 
 #[cfg(test)]

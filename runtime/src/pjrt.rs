@@ -12,7 +12,13 @@ use std::ptr;
 
 use kernel_ir::{Array, ArrayData, DType, TensorType};
 
-#[allow(non_upper_case_globals, non_camel_case_types, non_snake_case, dead_code, clippy::all)]
+#[allow(
+    non_upper_case_globals,
+    non_camel_case_types,
+    non_snake_case,
+    dead_code,
+    clippy::all
+)]
 mod ffi {
     include!(concat!(env!("OUT_DIR"), "/pjrt_c_api.rs"));
 }
@@ -120,6 +126,25 @@ impl Plugin {
         }
     }
 
+    /// Calls a C API entry point and converts its error; a plugin without the entry
+    /// point is an error, not a crash.
+    ///
+    /// # Safety
+    /// `args` must be valid for `f` (pointers live for the call, `struct_size` set).
+    unsafe fn invoke<A>(
+        &self,
+        f: Option<unsafe extern "C" fn(*mut A) -> *mut ffi::PJRT_Error>,
+        args: &mut A,
+        name: &str,
+    ) -> Result<()> {
+        match f {
+            Some(f) => self.check(f(args)),
+            None => Err(PjrtError(format!(
+                "the PJRT plugin does not implement {name}"
+            ))),
+        }
+    }
+
     fn await_event(&self, event: *mut ffi::PJRT_Event) -> Result<()> {
         if event.is_null() {
             return Ok(());
@@ -128,8 +153,8 @@ impl Plugin {
         let mut d = args!(PJRT_Event_Destroy_Args { event: event });
         // SAFETY: `event` is a live event we own; destroyed exactly once.
         unsafe {
-            let r = self.check(call(self.api.PJRT_Event_Await, &mut a));
-            call(self.api.PJRT_Event_Destroy, &mut d);
+            let r = self.invoke(self.api.PJRT_Event_Await, &mut a, "PJRT_Event_Await");
+            let _ = self.invoke(self.api.PJRT_Event_Destroy, &mut d, "PJRT_Event_Destroy");
             r
         }
     }
@@ -138,13 +163,21 @@ impl Plugin {
     pub fn client(&'static self) -> Result<Client> {
         let mut a = args!(PJRT_Client_Create_Args {});
         // SAFETY: valid args; the out-pointer is filled on success.
-        self.check(unsafe { call(self.api.PJRT_Client_Create, &mut a) })?;
+        unsafe { self.invoke(self.api.PJRT_Client_Create, &mut a, "PJRT_Client_Create") }?;
         let client = a.client;
         let mut d = args!(PJRT_Client_AddressableDevices_Args { client: client });
         // SAFETY: `client` is live.
-        self.check(unsafe { call(self.api.PJRT_Client_AddressableDevices, &mut d) })?;
+        unsafe {
+            self.invoke(
+                self.api.PJRT_Client_AddressableDevices,
+                &mut d,
+                "PJRT_Client_AddressableDevices",
+            )
+        }?;
         if d.num_addressable_devices == 0 {
-            return Err(PjrtError("the PJRT client has no addressable device".into()));
+            return Err(PjrtError(
+                "the PJRT client has no addressable device".into(),
+            ));
         }
         // SAFETY: the array has `num_addressable_devices` entries, owned by the client.
         let device = unsafe { *d.addressable_devices };
@@ -153,15 +186,6 @@ impl Plugin {
             client,
             device,
         })
-    }
-}
-
-/// Calls an optional C API entry point; a missing one is an error the caller sees as a
-/// null-function PJRT error.
-unsafe fn call<A>(f: Option<unsafe extern "C" fn(*mut A) -> *mut ffi::PJRT_Error>, args: &mut A) -> *mut ffi::PJRT_Error {
-    match f {
-        Some(f) => f(args),
-        None => panic!("PJRT plugin lacks a required C API entry point"),
     }
 }
 
@@ -188,17 +212,33 @@ unsafe impl Sync for Executable {}
 
 impl Drop for Executable {
     fn drop(&mut self) {
-        let mut a = args!(PJRT_LoadedExecutable_Destroy_Args { executable: self.exe });
+        let mut a = args!(PJRT_LoadedExecutable_Destroy_Args {
+            executable: self.exe
+        });
         // SAFETY: we own the executable.
-        unsafe { call(self.plugin.api.PJRT_LoadedExecutable_Destroy, &mut a) };
+        let _ = unsafe {
+            self.plugin.invoke(
+                self.plugin.api.PJRT_LoadedExecutable_Destroy,
+                &mut a,
+                "PJRT_LoadedExecutable_Destroy",
+            )
+        };
     }
 }
 
 impl Drop for Client {
     fn drop(&mut self) {
-        let mut a = args!(PJRT_Client_Destroy_Args { client: self.client });
+        let mut a = args!(PJRT_Client_Destroy_Args {
+            client: self.client
+        });
         // SAFETY: we own the client; executables hold no borrow of it past this point.
-        unsafe { call(self.plugin.api.PJRT_Client_Destroy, &mut a) };
+        let _ = unsafe {
+            self.plugin.invoke(
+                self.plugin.api.PJRT_Client_Destroy,
+                &mut a,
+                "PJRT_Client_Destroy",
+            )
+        };
     }
 }
 
@@ -212,7 +252,13 @@ impl Drop for Buffer {
     fn drop(&mut self) {
         let mut a = args!(PJRT_Buffer_Destroy_Args { buffer: self.buf });
         // SAFETY: we own the buffer.
-        unsafe { call(self.plugin.api.PJRT_Buffer_Destroy, &mut a) };
+        let _ = unsafe {
+            self.plugin.invoke(
+                self.plugin.api.PJRT_Buffer_Destroy,
+                &mut a,
+                "PJRT_Buffer_Destroy",
+            )
+        };
     }
 }
 
@@ -230,8 +276,14 @@ fn buffer_type(dtype: DType) -> ffi::PJRT_Buffer_Type {
 fn host_bytes(a: &Array) -> Vec<u8> {
     match a.data() {
         ArrayData::Float(v) => match a.dtype() {
-            DType::BF16 => v.iter().flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()).collect(),
-            DType::F16 => v.iter().flat_map(|&x| half::f16::from_f32(x).to_le_bytes()).collect(),
+            DType::BF16 => v
+                .iter()
+                .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes())
+                .collect(),
+            DType::F16 => v
+                .iter()
+                .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+                .collect(),
             _ => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         },
         ArrayData::Int(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
@@ -241,13 +293,34 @@ fn host_bytes(a: &Array) -> Vec<u8> {
 
 fn array_from_bytes(ty: &TensorType, bytes: &[u8]) -> Result<Array> {
     let data = match ty.dtype {
-        DType::F32 => ArrayData::Float(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
-        DType::BF16 => ArrayData::Float(bytes.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect()),
-        DType::F16 => ArrayData::Float(bytes.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect()),
-        DType::I32 => ArrayData::Int(bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
+        DType::F32 => ArrayData::Float(
+            bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+        ),
+        DType::BF16 => ArrayData::Float(
+            bytes
+                .chunks_exact(2)
+                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+        ),
+        DType::F16 => ArrayData::Float(
+            bytes
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+        ),
+        DType::I32 => ArrayData::Int(
+            bytes
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+        ),
         DType::Bool => ArrayData::Bool(bytes.iter().map(|&b| b != 0).collect()),
     };
-    Array::new(ty.clone(), data).map_err(|e| PjrtError(format!("device returned a bad buffer: {e}")))
+    Array::new(ty.clone(), data)
+        .map_err(|e| PjrtError(format!("device returned a bad buffer: {e}")))
 }
 
 impl Client {
@@ -260,7 +333,7 @@ impl Client {
             format: format.as_ptr() as *const _,
             format_size: format.len(),
         });
-        let options = compile_options();
+        let options = COMPILE_OPTIONS;
         let mut a = args!(PJRT_Client_Compile_Args {
             client: self.client,
             program: &program,
@@ -268,7 +341,13 @@ impl Client {
             compile_options_size: options.len(),
         });
         // SAFETY: every pointer in `a` outlives the call.
-        self.plugin.check(unsafe { call(self.plugin.api.PJRT_Client_Compile, &mut a) })?;
+        unsafe {
+            self.plugin.invoke(
+                self.plugin.api.PJRT_Client_Compile,
+                &mut a,
+                "PJRT_Client_Compile",
+            )
+        }?;
         Ok(Executable {
             plugin: self.plugin,
             exe: a.executable,
@@ -288,7 +367,13 @@ impl Client {
             device: self.device,
         });
         // SAFETY: `bytes` and `dims` live until the transfer-complete event below.
-        self.plugin.check(unsafe { call(self.plugin.api.PJRT_Client_BufferFromHostBuffer, &mut args) })?;
+        unsafe {
+            self.plugin.invoke(
+                self.plugin.api.PJRT_Client_BufferFromHostBuffer,
+                &mut args,
+                "PJRT_Client_BufferFromHostBuffer",
+            )
+        }?;
         let buffer = Buffer {
             plugin: self.plugin,
             buf: args.buffer,
@@ -306,14 +391,28 @@ impl Client {
             dst_size: size,
         });
         // SAFETY: `bytes` has `dst_size` bytes and lives until the event completes.
-        self.plugin.check(unsafe { call(self.plugin.api.PJRT_Buffer_ToHostBuffer, &mut a) })?;
+        unsafe {
+            self.plugin.invoke(
+                self.plugin.api.PJRT_Buffer_ToHostBuffer,
+                &mut a,
+                "PJRT_Buffer_ToHostBuffer",
+            )
+        }?;
         self.plugin.await_event(a.event)?;
         array_from_bytes(ty, &bytes)
     }
 
     /// Runs `exe` on `inputs`; `outputs` are the result types, in order.
-    pub fn execute(&self, exe: &Executable, inputs: &[Array], outputs: &[TensorType]) -> Result<Vec<Array>> {
-        let buffers = inputs.iter().map(|a| self.upload(a)).collect::<Result<Vec<_>>>()?;
+    pub fn execute(
+        &self,
+        exe: &Executable,
+        inputs: &[Array],
+        outputs: &[TensorType],
+    ) -> Result<Vec<Array>> {
+        let buffers = inputs
+            .iter()
+            .map(|a| self.upload(a))
+            .collect::<Result<Vec<_>>>()?;
         let raw: Vec<*mut ffi::PJRT_Buffer> = buffers.iter().map(|b| b.buf).collect();
         let arg_list: *const *mut ffi::PJRT_Buffer = raw.as_ptr();
         let mut out: Vec<*mut ffi::PJRT_Buffer> = vec![ptr::null_mut(); outputs.len()];
@@ -330,19 +429,106 @@ impl Client {
             device_complete_events: &mut done,
         });
         // SAFETY: argument and output arrays are sized for one device and live past the call.
-        self.plugin.check(unsafe { call(self.plugin.api.PJRT_LoadedExecutable_Execute, &mut a) })?;
+        unsafe {
+            self.plugin.invoke(
+                self.plugin.api.PJRT_LoadedExecutable_Execute,
+                &mut a,
+                "PJRT_LoadedExecutable_Execute",
+            )
+        }?;
         let results: Vec<Buffer> = out
             .into_iter()
-            .map(|buf| Buffer { plugin: self.plugin, buf })
+            .map(|buf| Buffer {
+                plugin: self.plugin,
+                buf,
+            })
             .collect();
         self.plugin.await_event(done)?;
         drop(buffers);
-        results.iter().zip(outputs).map(|(b, ty)| self.download(b, ty)).collect()
+        results
+            .iter()
+            .zip(outputs)
+            .map(|(b, ty)| self.download(b, ty))
+            .collect()
     }
 }
 
-/// A serialized `CompileOptionsProto` with one replica and one partition:
-/// `executable_build_options` (field 3) { `num_replicas` (4) = 1, `num_partitions` (5) = 1 }.
-fn compile_options() -> Vec<u8> {
-    vec![0x1a, 0x04, 0x20, 0x01, 0x28, 0x01]
+impl Executable {
+    /// The plugin-specific serialized form (not stable across plugin versions).
+    pub fn serialize(&self) -> Result<Vec<u8>> {
+        let api = self.plugin.api;
+        let mut g = args!(PJRT_LoadedExecutable_GetExecutable_Args {
+            loaded_executable: self.exe
+        });
+        // SAFETY: `self.exe` is live; the returned executable is destroyed below.
+        unsafe {
+            self.plugin.invoke(
+                api.PJRT_LoadedExecutable_GetExecutable,
+                &mut g,
+                "PJRT_LoadedExecutable_GetExecutable",
+            )
+        }?;
+        let mut a = args!(PJRT_Executable_Serialize_Args {
+            executable: g.executable
+        });
+        // SAFETY: valid args; the bytes live until the deleter runs.
+        let result = unsafe {
+            self.plugin.invoke(
+                api.PJRT_Executable_Serialize,
+                &mut a,
+                "PJRT_Executable_Serialize",
+            )
+        }
+        .map(|()| {
+            // SAFETY: PJRT returned `serialized_bytes_size` bytes at `serialized_bytes`.
+            let bytes = unsafe {
+                std::slice::from_raw_parts(a.serialized_bytes as *const u8, a.serialized_bytes_size)
+            }
+            .to_vec();
+            if let Some(deleter) = a.serialized_executable_deleter {
+                // SAFETY: called once on the object PJRT handed out.
+                unsafe { deleter(a.serialized_executable) };
+            }
+            bytes
+        });
+        let mut d = args!(PJRT_Executable_Destroy_Args {
+            executable: g.executable
+        });
+        // SAFETY: destroys the executable obtained above, once.
+        let _ = unsafe {
+            self.plugin.invoke(
+                api.PJRT_Executable_Destroy,
+                &mut d,
+                "PJRT_Executable_Destroy",
+            )
+        };
+        result
+    }
 }
+
+impl Client {
+    /// Loads an executable serialized by [`Executable::serialize`] with the same plugin.
+    pub fn deserialize(&self, bytes: &[u8]) -> Result<Executable> {
+        let mut a = args!(PJRT_Executable_DeserializeAndLoad_Args {
+            client: self.client,
+            serialized_executable: bytes.as_ptr() as *const _,
+            serialized_executable_size: bytes.len(),
+        });
+        // SAFETY: `bytes` outlives the call.
+        unsafe {
+            self.plugin.invoke(
+                self.plugin.api.PJRT_Executable_DeserializeAndLoad,
+                &mut a,
+                "PJRT_Executable_DeserializeAndLoad",
+            )
+        }?;
+        Ok(Executable {
+            plugin: self.plugin,
+            exe: a.loaded_executable,
+        })
+    }
+}
+
+/// The serialized `CompileOptionsProto` every compile uses: one replica, one partition
+/// (`executable_build_options` (field 3) { `num_replicas` (4) = 1, `num_partitions` (5) = 1 }).
+pub const COMPILE_OPTIONS: [u8; 6] = [0x1a, 0x04, 0x20, 0x01, 0x28, 0x01];

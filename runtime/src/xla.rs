@@ -1,24 +1,77 @@
 //! The XLA fallback backend: kernels lowered to StableHLO, compiled by a PJRT CPU
-//! plugin (through the compilation cache) and executed on whole arrays.
+//! plugin through the compilation cache, and executed on whole arrays.
 
-use std::path::PathBuf;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+use std::time::Instant;
 
 use kernel_ir::{Array, Kernel};
+use sha2::{Digest, Sha256};
 
-use crate::pjrt::{Client, Plugin};
+use crate::cache::{self, Cache, Compiler, Source};
+use crate::pjrt::{Client, Executable, Plugin};
+
+/// PJRT as a [`Compiler`] for the cache.
+pub struct PjrtCompiler {
+    client: Client,
+    fingerprint: String,
+}
+
+impl Compiler for PjrtCompiler {
+    type Executable = Executable;
+
+    fn fingerprint(&self) -> String {
+        self.fingerprint.clone()
+    }
+
+    fn compile(&self, module: &str) -> Result<Executable, String> {
+        self.client.compile(module).map_err(|e| e.to_string())
+    }
+
+    fn serialize(&self, exe: &Executable) -> Result<Vec<u8>, String> {
+        exe.serialize().map_err(|e| e.to_string())
+    }
+
+    fn deserialize(&self, bytes: &[u8]) -> Result<Executable, String> {
+        self.client.deserialize(bytes).map_err(|e| e.to_string())
+    }
+}
 
 /// The process-wide XLA backend.
 pub struct Xla {
-    client: Client,
+    cache: Cache<PjrtCompiler>,
     plugin_path: PathBuf,
 }
 
 /// The plugin file: `$TESSERA_PJRT_PLUGIN`, else the one `make setup` installed.
-fn plugin_path() -> PathBuf {
+pub fn plugin_path() -> PathBuf {
     std::env::var_os("TESSERA_PJRT_PLUGIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("TESSERA_DEFAULT_PJRT_PLUGIN")))
+}
+
+/// Identifies a plugin file cheaply: its size, modification time and a hash of its
+/// first and last 4 MiB (hashing all of a 250 MB plugin would cost a second per process).
+fn plugin_fingerprint(path: &Path) -> std::io::Result<String> {
+    let mut f = std::fs::File::open(path)?;
+    let meta = f.metadata()?;
+    let mut h = Sha256::new();
+    h.update(meta.len().to_le_bytes());
+    if let Ok(m) = meta.modified() {
+        h.update(format!("{m:?}").as_bytes());
+    }
+    let window = 4 << 20;
+    let mut buf = Vec::with_capacity(window);
+    f.by_ref().take(window as u64).read_to_end(&mut buf)?;
+    h.update(&buf);
+    if meta.len() > 2 * window as u64 {
+        f.seek(SeekFrom::End(-(window as i64)))?;
+        buf.clear();
+        f.read_to_end(&mut buf)?;
+        h.update(&buf);
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// The backend, loaded on first use; `Err` says why it cannot be used.
@@ -26,26 +79,75 @@ pub fn backend() -> Result<&'static Xla, &'static str> {
     static XLA: OnceLock<Result<Xla, String>> = OnceLock::new();
     XLA.get_or_init(|| {
         let path = plugin_path();
-        let plugin: &'static Plugin = Box::leak(Box::new(Plugin::load(&path).map_err(|e| e.to_string())?));
-        let client = plugin.client().map_err(|e| format!("PJRT client creation failed: {e}"))?;
-        Ok(Xla { client, plugin_path: path })
+        let plugin: &'static Plugin =
+            Box::leak(Box::new(Plugin::load(&path).map_err(|e| e.to_string())?));
+        let client = plugin
+            .client()
+            .map_err(|e| format!("PJRT client creation failed: {e}"))?;
+        let file = plugin_fingerprint(&path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let (major, minor) = plugin.api_version();
+        let fingerprint = format!(
+            "xla-cpu|pjrt {major}.{minor}|plugin {file}|options {:02x?}",
+            crate::pjrt::COMPILE_OPTIONS
+        );
+        let dir = cache::default_dir().map(|d| d.join("xla"));
+        Ok(Xla {
+            cache: Cache::new(
+                PjrtCompiler {
+                    client,
+                    fingerprint,
+                },
+                dir,
+            ),
+            plugin_path: path,
+        })
     })
     .as_ref()
     .map_err(String::as_str)
 }
 
+fn debug(message: impl FnOnce() -> String) {
+    if std::env::var("TESSERA_LOG").is_ok_and(|v| v == "debug") {
+        eprintln!("debug: {}", message());
+    }
+}
+
 impl Xla {
     /// The plugin file in use.
-    pub fn plugin_path(&self) -> &std::path::Path {
+    pub fn plugin_path(&self) -> &Path {
         &self.plugin_path
     }
 
-    /// Lowers, compiles and runs `kernel` on `inputs`.
+    /// The compilation cache.
+    pub fn cache(&self) -> &Cache<PjrtCompiler> {
+        &self.cache
+    }
+
+    /// Lowers, compiles (or finds in the cache) and runs `kernel` on `inputs`.
     pub fn run(&self, kernel: &Kernel, inputs: &[Array]) -> Result<Vec<Array>, crate::Error> {
         crate::check_inputs(kernel, inputs)?;
         let module = lowering::stablehlo::lower(kernel);
-        let exe = self.client.compile(&module).map_err(|e| crate::Error::Xla(format!("compiling @{}: {e}", kernel.name)))?;
-        self.client
+        let t = Instant::now();
+        let (exe, source) = self
+            .cache
+            .get(&module)
+            .map_err(|e| crate::Error::Xla(format!("compiling @{}: {e}", kernel.name)))?;
+        debug(|| {
+            let how = match source {
+                Source::Memory => "memory hit",
+                Source::Disk => "loaded from the disk cache",
+                Source::Compiled => "compiled",
+            };
+            format!(
+                "xla @{}: {how} in {:.1} ms",
+                kernel.name,
+                t.elapsed().as_secs_f64() * 1e3
+            )
+        });
+        self.cache
+            .compiler()
+            .client
             .execute(&exe, inputs, &kernel.output_types())
             .map_err(|e| crate::Error::Xla(format!("running @{}: {e}", kernel.name)))
     }

@@ -1,0 +1,123 @@
+//! The XLA backend against the interpreter and the references, for every library
+//! kernel over random shapes (ragged blocks, GQA, causal, bf16...). Needs the PJRT
+//! plugin that `make setup` installs; `make test` sets TESSERA_REQUIRE_XLA=1 so a
+//! missing plugin fails instead of skipping.
+#![cfg(tessera_pjrt)]
+
+use std::sync::Once;
+
+use kernel_ir::{interpret, Array, InterpretOptions, Kernel};
+use kernels::{compare, find, BoxError, Params};
+use proptest::prelude::*;
+use runtime::Backend;
+
+fn setup() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // Keep the user's cache out of the tests.
+        let dir =
+            std::env::temp_dir().join(format!("tessera-xla-test-cache-{}", std::process::id()));
+        std::env::set_var("TESSERA_CACHE_DIR", dir);
+    });
+}
+
+#[test]
+fn the_xla_backend_is_available() {
+    setup();
+    let k = find("softmax")
+        .unwrap()
+        .build(&Params::parse(find("softmax").unwrap().params(), &[]).unwrap())
+        .unwrap();
+    match Backend::Xla.unavailable_because(&k[0]) {
+        None => {}
+        Some(reason) if std::env::var_os("TESSERA_REQUIRE_XLA").is_some() => {
+            panic!("XLA is unavailable: {reason}")
+        }
+        Some(reason) => eprintln!("skipping: {reason}"),
+    }
+}
+
+fn xla_matches(name: &str, pairs: &[(&str, String)], seed: u64) -> Result<(), TestCaseError> {
+    setup();
+    let lib = find(name).unwrap();
+    let pairs: Vec<(&str, &str)> = pairs.iter().map(|(a, b)| (*a, b.as_str())).collect();
+    let p = Params::with(lib.params(), &pairs).unwrap();
+    let inputs = lib.inputs(&p, seed).unwrap();
+    let on = |backend: Backend| {
+        lib.run(&p, &inputs, &mut |k: &Kernel,
+                                   ins: &[Array]|
+         -> Result<Vec<Array>, BoxError> {
+            match backend {
+                Backend::Interp => Ok(interpret(k, ins, &InterpretOptions::default())?),
+                b => Ok(runtime::run(k, ins, b)?.0),
+            }
+        })
+    };
+    let xla = on(Backend::Xla).map_err(|e| TestCaseError::fail(format!("{name} {p}: {e}")))?;
+    let interp =
+        on(Backend::Interp).map_err(|e| TestCaseError::fail(format!("{name} {p}: {e}")))?;
+    let tol = lib.tolerance(&p);
+    let vs_reference = compare(&xla, &lib.reference(&p, &inputs).unwrap(), tol);
+    prop_assert!(
+        vs_reference.ok(),
+        "{} {} vs reference: {:?}",
+        name,
+        p,
+        vs_reference
+    );
+    let interp_f64: Vec<Vec<f64>> = interp.iter().map(Array::to_f64).collect();
+    let vs_interp = compare(&xla, &interp_f64, tol);
+    prop_assert!(
+        vs_interp.ok(),
+        "{} {} vs interpreter: {:?}",
+        name,
+        p,
+        vs_interp
+    );
+    Ok(())
+}
+
+fn dim() -> impl Strategy<Value = u64> {
+    prop_oneof![1u64..=3, 4u64..=40, Just(64u64)]
+}
+
+fn dtype() -> impl Strategy<Value = &'static str> {
+    prop_oneof![Just("f32"), Just("bf16"), Just("f16")]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 6, ..ProptestConfig::default() })]
+
+    #[test]
+    fn matmul(m in dim(), k in dim(), n in dim(), b in 1u64..=32, dtype in dtype(), seed in 0u64..100) {
+        xla_matches("matmul", &[("m", m.to_string()), ("k", k.to_string()), ("n", n.to_string()),
+            ("bm", b.to_string()), ("bk", (b + 3).to_string()), ("bn", (b + 1).to_string()), ("dtype", dtype.into())], seed)?;
+    }
+
+    #[test]
+    fn row_kernels(rows in dim(), cols in 2u64..=70, br in 1u64..=8, dtype in dtype(), seed in 0u64..100) {
+        for name in ["softmax", "rms_norm", "layer_norm"] {
+            xla_matches(name, &[("rows", rows.to_string()), ("cols", cols.to_string()),
+                ("block_rows", br.to_string()), ("dtype", dtype.into())], seed)?;
+        }
+    }
+
+    #[test]
+    fn swiglu_and_rope(rows in dim(), cols in dim(), half in 1u64..=16, dtype in dtype(), seed in 0u64..100) {
+        xla_matches("swiglu", &[("rows", rows.to_string()), ("cols", cols.to_string()),
+            ("block_rows", "4".into()), ("block_cols", "16".into()), ("dtype", dtype.into())], seed)?;
+        xla_matches("rope", &[("heads", "2".into()), ("seq", rows.to_string()), ("head_dim", (2 * half).to_string()),
+            ("block_seq", "8".into()), ("dtype", dtype.into())], seed)?;
+    }
+
+    #[test]
+    fn flash_attention(heads in prop_oneof![Just((2u64, 1u64)), Just((4, 2)), Just((2, 2))],
+                       q_len in prop_oneof![Just(1u64), 2u64..=70], kv_len in prop_oneof![Just(1u64), 2u64..=70],
+                       causal in any::<bool>(), bf16 in any::<bool>(), seed in 0u64..100) {
+        let case = [("heads", heads.0.to_string()), ("kv_heads", heads.1.to_string()), ("q_len", q_len.to_string()),
+            ("kv_len", kv_len.to_string()), ("head_dim", "32".into()), ("block_q", "16".into()), ("block_k", "32".into()),
+            ("causal", causal.to_string()), ("dtype", if bf16 { "bf16" } else { "f32" }.into())];
+        xla_matches("flash_attention", &case, seed)?;
+        xla_matches("flash_attention_bwd", &case, seed)?;
+    }
+}
