@@ -31,6 +31,8 @@ fn main() {
         .map(PathBuf::from)
         .or_else(|| dir.as_ref().map(|d| d.join("include/pjrt_c_api.h")));
     let Some(header) = header.filter(|h| h.exists()) else {
+        // Rebuild once `make setup` creates the venv.
+        println!("cargo:rerun-if-changed={}", repo.join(".venv").display());
         println!("cargo:warning=PJRT header not found (run `make setup`): the XLA backend is compiled out");
         return;
     };
