@@ -7,7 +7,10 @@ fn tessera(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tessera"))
         .args(args)
         .env_remove("TESSERA_BACKEND")
-        .env("TESSERA_CACHE_DIR", std::env::temp_dir().join("tessera-cli-test-cache"))
+        .env(
+            "TESSERA_CACHE_DIR",
+            std::env::temp_dir().join("tessera-cli-test-cache"),
+        )
         .output()
         .expect("the tessera binary runs")
 }
