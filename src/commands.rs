@@ -303,26 +303,40 @@ pub fn bench(
 pub fn lower(
     name: &str,
     target: &str,
+    vmem_limit: Option<u64>,
     overrides: &[String],
     out: Option<&Path>,
 ) -> Result<(), Failure> {
     let k = library_kernel(name)?;
     let p = params(k, overrides)?;
-    let lower_one: fn(&Kernel) -> String = match target {
-        "stablehlo" => lowering::stablehlo::lower,
-        "mosaic" | "mosaic-body" | "cpu-mlir" => {
-            return Err(usage(format!(
-                "target `{target}` is not built into this version of tessera yet"
-            )))
-        }
-        other => {
-            return Err(usage(format!(
-                "unknown target `{other}`: expected stablehlo, mosaic, mosaic-body or cpu-mlir"
-            )))
-        }
-    };
-    let text: Vec<String> = build(k, &p)?.iter().map(lower_one).collect();
-    let text = text.join("\n");
+    let mut limits = lowering::tpu_rules::TpuLimits::default();
+    if let Some(bytes) = vmem_limit {
+        limits.vmem_bytes = bytes;
+    }
+    let kernels = build(k, &p)?;
+    let mut modules = Vec::new();
+    for kernel in &kernels {
+        modules.push(match target {
+            "stablehlo" => lowering::stablehlo::lower(kernel),
+            "mosaic" => {
+                lowering::mosaic::lower(kernel, &limits).map_err(|e| usage(e.to_string()))?
+            }
+            "mosaic-body" => {
+                lowering::mosaic::lower_body(kernel, &limits).map_err(|e| usage(e.to_string()))?
+            }
+            "cpu-mlir" => {
+                return Err(usage(
+                    "target `cpu-mlir` is not built into this version of tessera yet",
+                ))
+            }
+            other => {
+                return Err(usage(format!(
+                    "unknown target `{other}`: expected stablehlo, mosaic, mosaic-body or cpu-mlir"
+                )))
+            }
+        });
+    }
+    let text = modules.join("\n");
     match out {
         Some(path) => std::fs::write(path, text)
             .map_err(|e| runtime_failure(format!("cannot write {}: {e}", path.display()))),

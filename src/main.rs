@@ -65,13 +65,16 @@ enum Command {
     },
     /// Run every library kernel on every backend and print errors and timings.
     Demo,
-    /// Print a kernel lowered for a target (stablehlo).
+    /// Print a kernel lowered for a target.
     Lower {
         /// Library kernel name.
         kernel: String,
-        /// The target: stablehlo.
+        /// stablehlo (XLA fallback), mosaic (StableHLO + tpu_custom_call) or mosaic-body.
         #[arg(long)]
         target: String,
+        /// VMEM budget in bytes for the TPU rule check (default 16 MiB, v5e's scoped limit).
+        #[arg(long, value_name = "BYTES")]
+        vmem_limit: Option<u64>,
         #[command(flatten)]
         params: ParamArgs,
         /// Write the module(s) to FILE instead of stdout.
@@ -131,9 +134,10 @@ fn main() -> ExitCode {
         Command::Lower {
             kernel,
             target,
+            vmem_limit,
             params,
             out,
-        } => commands::lower(&kernel, &target, &params.shape, out.as_deref()),
+        } => commands::lower(&kernel, &target, vmem_limit, &params.shape, out.as_deref()),
         Command::Cache { action } => match action {
             CacheAction::Stats => commands::cache_stats(),
             CacheAction::Clear => commands::cache_clear(),

@@ -3,4 +3,6 @@
 //! get their modules here as their issues land. The interpreter in `kernel-ir` defines
 //! the semantics every lowering must match.
 
+pub mod mosaic;
 pub mod stablehlo;
+pub mod tpu_rules;
