@@ -12,11 +12,15 @@ APT_PACKAGES := libclang-14-dev
 # The XLA CPU PJRT plugin; its wheel also ships the pjrt_c_api.h the bindings come from.
 PJRT_PLUGIN := xla-cpu-pjrt==0.0.1
 PJRT_STAMP := $(VENV)/.pjrt-$(PJRT_PLUGIN)
+# jax/jaxlib: their `tpu` dialect checks the Mosaic output in the tests (CPU only).
+JAX := jax==0.10.2 jaxlib==0.10.2
+JAX_STAMP := $(VENV)/.jax-0.10.2
 
-.PHONY: demo test setup apt venv build lint fmt-check clippy clean
+.PHONY: demo test setup apt build lint fmt-check clippy clean
 
-## setup: install what the build needs (system packages, the venv, the PJRT plugin).
-setup: apt $(PJRT_STAMP)
+## setup: install what the build and tests need (system packages; the venv with the
+## PJRT plugin and jax/jaxlib).
+setup: apt $(PJRT_STAMP) $(JAX_STAMP)
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust (rustup)"; exit 1; }
 
 apt:
@@ -34,6 +38,10 @@ $(PJRT_STAMP): $(VENV)/bin/python
 	$(PIP) install -q --no-deps $(PJRT_PLUGIN)
 	touch $@
 
+$(JAX_STAMP): $(VENV)/bin/python
+	$(PIP) install -q $(JAX)
+	touch $@
+
 build: setup
 	$(CARGO) build --release --workspace
 
@@ -41,9 +49,9 @@ build: setup
 demo: build
 	$(BIN) demo
 
-## test: every test (XLA required), plus formatting and lints.
+## test: every test (XLA and jaxlib required), plus formatting and lints.
 test: setup lint
-	TESSERA_REQUIRE_XLA=1 $(CARGO) test --release --workspace
+	TESSERA_REQUIRE_XLA=1 TESSERA_REQUIRE_JAX=1 $(CARGO) test --release --workspace
 
 lint: fmt-check clippy
 

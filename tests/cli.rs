@@ -198,3 +198,61 @@ fn bench_reports_time_throughput_and_peaks() {
         Some(2)
     );
 }
+
+#[test]
+fn lower_prints_modules_for_each_target() {
+    let o = tessera(&[
+        "lower",
+        "softmax",
+        "--target",
+        "stablehlo",
+        "--shape",
+        "rows=16,cols=128",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("\"stablehlo.while\""));
+    let o = tessera(&[
+        "lower",
+        "softmax",
+        "--target",
+        "mosaic",
+        "--shape",
+        "rows=16,cols=128",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("stablehlo.custom_call @tpu_custom_call"));
+    let o = tessera(&[
+        "lower",
+        "softmax",
+        "--target",
+        "mosaic-body",
+        "--shape",
+        "rows=16,cols=128",
+    ]);
+    assert!(stdout(&o).contains("window_params = [{transform_indices = @transform_0"));
+    let o = tessera(&[
+        "lower",
+        "softmax",
+        "--target",
+        "mosaic",
+        "--shape",
+        "rows=16,cols=128,block_rows=4",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("TPU rule broken by `in %x`"),
+        "{}",
+        stderr(&o)
+    );
+    let o = tessera(&["lower", "softmax", "--target", "ptx"]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn cache_stats_and_clear() {
+    let o = tessera(&["cache", "stats"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("xla: "), "{}", stdout(&o));
+    let o = tessera(&["cache", "clear"]);
+    assert!(o.status.success() && stdout(&o).starts_with("removed "));
+}

@@ -88,14 +88,14 @@ pub fn check(kernel: &Kernel, limits: &TpuLimits) -> Result<(), TpuRuleError> {
             for (dim, multiple) in [(rank - 1, 128u64), (rank - 2, 8)] {
                 let (b, a) = (block[dim], array[dim]);
                 if b != a && b % multiple != 0 {
-                    let mut suggestion = block.clone();
-                    suggestion[dim] = fitting(b, multiple, a);
-                    let shown: Vec<String> = suggestion
+                    let shown: Vec<String> = spec
+                        .block_shape
                         .iter()
-                        .zip(&spec.block_shape)
-                        .map(|(s, d)| match d {
+                        .enumerate()
+                        .map(|(i, d)| match d {
+                            _ if i == dim => fitting(b, multiple, a).to_string(),
                             BlockDim::Squeezed => "None".into(),
-                            BlockDim::Size(_) => s.to_string(),
+                            BlockDim::Size(s) => s.to_string(),
                         })
                         .collect();
                     let what = if dim == rank - 1 {

@@ -19,13 +19,13 @@ fn store_rows(r: Ref, value: Tensor, rows: u64, cols: u64, r0: Tensor, limit: u6
     }
 }
 
-/// Loads a `[rows]` vector block, masking positions at or past `limit`.
+/// Loads a `[rows, 1]` block as a `[rows]` vector, masking rows at or past `limit`.
 #[kernel_fn]
 fn load_vector(r: Ref, rows: u64, r0: Tensor, limit: u64) -> Tensor {
     if limit % rows != 0 {
-        r.load_masked(s![..], (iota([rows], 0) + r0).lt(limit), 0.0)
+        r.load_masked(s![.., 0], (iota([rows], 0) + r0).lt(limit), 0.0)
     } else {
-        r.read()
+        r.load(s![.., 0])
     }
 }
 
@@ -43,9 +43,9 @@ pub(crate) fn flash_attention_bwd_delta(
     let dob = load_tile(d_o, bq, d, q0, index(0), c.q_len, d).cast(DType::F32);
     let rows = (ob * dob).sum(1);
     if c.q_len % bq != 0 {
-        delta.store_masked(s![..], rows, (iota([bq], 0) + q0).lt(c.q_len));
+        delta.store_masked(s![.., 0], rows, (iota([bq], 0) + q0).lt(c.q_len));
     } else {
-        delta.write(rows);
+        delta.store(s![.., 0], rows);
     }
 }
 
@@ -161,8 +161,8 @@ fn dkdv_step(
     let (dk, dv) = state;
     let qb = q.load(s![g, ds(q0, size), ..]);
     let dob = d_o.load(s![g, ds(q0, size), ..]);
-    let lse_b = lse.load(s![g, ds(q0, size)]);
-    let delta_b = delta.load(s![g, ds(q0, size)]);
+    let lse_b = lse.load(s![g, ds(q0, size), 0]);
+    let delta_b = delta.load(s![g, ds(q0, size), 0]);
     let (p, ds) = probs_and_grad(qb, kb, vb, dob, lse_b, delta_b, q0, k0, size, c.block_k, c);
     let dv_new = dv + dot_general(mxu_input(p, c.dtype), dob, true, false);
     let dk_new = dk + dot_general(mxu_input(ds, c.dtype), qb, true, false);

@@ -100,9 +100,9 @@ pub(crate) fn flash_attention_fwd(
     if c.q_len % bq != 0 {
         let valid_rows = (iota([bq, c.head_dim], 0) + q0).lt(c.q_len);
         o.store_masked(s![.., ..], out, valid_rows);
-        lse.store_masked(s![..], log_sum_exp, (iota([bq], 0) + q0).lt(c.q_len));
+        lse.store_masked(s![.., 0], log_sum_exp, (iota([bq], 0) + q0).lt(c.q_len));
     } else {
         o.write(out);
-        lse.write(log_sum_exp);
+        lse.store(s![.., 0], log_sum_exp);
     }
 }

@@ -147,8 +147,10 @@ impl AttentionConfig {
         )
     }
 
+    /// lse and delta: `[batch, heads, q_len, 1]`, so their blocks satisfy the TPU rule
+    /// on the last two block dims (a squeezed head dim may not be among them).
     fn rows_type(&self) -> TensorType {
-        TensorType::new(DType::F32, [self.batch, self.heads, self.q_len])
+        TensorType::new(DType::F32, [self.batch, self.heads, self.q_len, 1])
     }
 
     fn q_grid(&self) -> [u64; 3] {
@@ -162,10 +164,10 @@ impl AttentionConfig {
         })
     }
 
-    /// A per-query-row spec of lse and delta: `[None, None, block_q]`.
+    /// A per-query-row spec of lse and delta: `[None, None, block_q, 1]`.
     fn rows_block(&self) -> BlockSpecFn {
-        block_spec([None, None, Some(self.block_q)], |i| {
-            vec![pid(i, 0), pid(i, 1), pid(i, 2)]
+        block_spec([None, None, Some(self.block_q), Some(1)], |i| {
+            vec![pid(i, 0), pid(i, 1), pid(i, 2), zero()]
         })
     }
 
@@ -233,8 +235,8 @@ impl AttentionConfig {
             })
         };
         let rows_group = || {
-            block_spec([None, Some(group), Some(c.q_len)], |i| {
-                vec![pid(i, 0), pid(i, 1), zero()]
+            block_spec([None, Some(group), Some(c.q_len), Some(1)], |i| {
+                vec![pid(i, 0), pid(i, 1), zero(), zero()]
             })
         };
         let kv_block = || {

@@ -1,0 +1,178 @@
+//! The Mosaic lowering: TPU rule errors, and every library kernel checked with the real
+//! `tpu` dialect from jaxlib (`check_mosaic.py`), plus a comparison with the module JAX
+//! Pallas emits for the same matmul. The jaxlib checks need the venv that `make setup`
+//! fills; `make test` sets TESSERA_REQUIRE_JAX=1 so a missing jaxlib fails.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use kernels::{all, find, Params};
+use lowering::mosaic;
+use lowering::tpu_rules::{check, TpuLimits};
+
+fn python() -> Option<PathBuf> {
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+    let has_jax = Command::new(&python)
+        .args(["-c", "import jax, jaxlib"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if has_jax {
+        return Some(python);
+    }
+    assert!(
+        std::env::var_os("TESSERA_REQUIRE_JAX").is_none(),
+        "jax/jaxlib are not installed in .venv: run `make setup`"
+    );
+    eprintln!("skipping: jax/jaxlib are not installed in .venv (run `make setup`)");
+    None
+}
+
+fn run_checker(python: &Path, args: &[&str]) -> String {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/check_mosaic.py");
+    let out = Command::new(python)
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("python runs");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "check_mosaic.py {args:?} failed:\n{text}"
+    );
+    text
+}
+
+/// Library kernels at their defaults and in variants that meet the TPU tiling rules.
+fn cases() -> Vec<(&'static str, Vec<String>)> {
+    let mut cases: Vec<(&'static str, Vec<String>)> =
+        all().iter().map(|k| (k.name(), vec![])).collect();
+    for attention in ["flash_attention", "flash_attention_bwd"] {
+        cases.push((
+            attention,
+            vec!["causal=true,heads=8,kv_heads=2,dtype=bf16,q_len=256,kv_len=384".into()],
+        ));
+        cases.push((
+            attention,
+            vec!["q_len=200,kv_len=72,block_q=64,block_k=64,head_dim=128".into()],
+        ));
+    }
+    cases.push(("matmul", vec!["m=200,k=384,n=256,dtype=bf16".into()]));
+    cases.push((
+        "softmax",
+        vec!["rows=100,cols=384,block_rows=16,dtype=bf16".into()],
+    ));
+    cases
+}
+
+#[test]
+fn every_library_kernel_verifies_with_jaxlibs_tpu_dialect() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut written = 0;
+    for (i, (name, overrides)) in cases().into_iter().enumerate() {
+        let k = find(name).unwrap();
+        let p = Params::parse(k.params(), &overrides).unwrap();
+        for (j, kernel) in k.build(&p).unwrap().iter().enumerate() {
+            let text = mosaic::lower(kernel, &TpuLimits::default())
+                .unwrap_or_else(|e| panic!("{name} {p}: {e}"));
+            assert!(text.contains("stablehlo.custom_call @tpu_custom_call"));
+            std::fs::write(
+                dir.path()
+                    .join(format!("{i:02}_{j}_{}.mosaic.mlir", kernel.name)),
+                text,
+            )
+            .unwrap();
+            written += 1;
+        }
+    }
+    let Some(python) = python() else { return };
+    let report = run_checker(&python, &[dir.path().to_str().unwrap()]);
+    assert_eq!(
+        report.lines().filter(|l| l.starts_with("ok ")).count(),
+        written,
+        "{report}"
+    );
+}
+
+#[test]
+fn matmul_matches_what_jax_pallas_emits() {
+    let k = find("matmul").unwrap();
+    let p = Params::parse(
+        k.params(),
+        &["m=256,k=256,n=256,bm=128,bk=128,bn=128".into()],
+    )
+    .unwrap();
+    let kernel = &k.build(&p).unwrap()[0];
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("matmul.mlir");
+    std::fs::write(&path, mosaic::lower(kernel, &TpuLimits::default()).unwrap()).unwrap();
+    let Some(python) = python() else { return };
+    let report = run_checker(&python, &["--compare-pallas", path.to_str().unwrap()]);
+    for key in [
+        "iteration_bounds",
+        "dimension_semantics",
+        "window_bounds",
+        "arg_types",
+        "index_maps",
+    ] {
+        assert!(report.contains(&format!("same {key}")), "{report}");
+    }
+}
+
+fn rule_error(name: &str, overrides: &str, limits: TpuLimits) -> String {
+    let k = find(name).unwrap();
+    let p = Params::parse(k.params(), &[overrides.to_string()]).unwrap();
+    let kernel = &k.build(&p).unwrap()[0];
+    check(kernel, &limits).unwrap_err().to_string()
+}
+
+#[test]
+fn tpu_rules_name_the_operand_dim_rule_and_a_fix() {
+    let e = rule_error(
+        "matmul",
+        "m=256,k=256,n=256,bm=128,bk=100,bn=128",
+        TpuLimits::default(),
+    );
+    assert!(
+        e.contains("`in %x`") && e.contains("block dim 1 (the last) is 100"),
+        "{e}"
+    );
+    assert!(
+        e.contains("divisible by 128 or equal the array dim 256; try block shape [128, 128]"),
+        "{e}"
+    );
+    let e = rule_error(
+        "softmax",
+        "rows=64,cols=256,block_rows=4",
+        TpuLimits::default(),
+    );
+    assert!(
+        e.contains("block dim 0 (the second-to-last) is 4")
+            && e.contains("try block shape [8, 256]"),
+        "{e}"
+    );
+    let e = rule_error("swiglu", "dtype=f16", TpuLimits::default());
+    assert!(e.contains("f16 is not supported by Mosaic"), "{e}");
+    let e = rule_error(
+        "matmul",
+        "m=512,k=512,n=512,bm=512,bk=512,bn=512",
+        TpuLimits {
+            vmem_bytes: 1 << 20,
+        },
+    );
+    assert!(
+        e.contains("`kernel @matmul`") && e.contains("over the limit of 1048576 bytes"),
+        "{e}"
+    );
+    // Whole-array last dims are always allowed.
+    assert!(check_passes("rms_norm", "rows=16,cols=300,block_rows=8"));
+}
+
+fn check_passes(name: &str, overrides: &str) -> bool {
+    let k = find(name).unwrap();
+    let p = Params::parse(k.params(), &[overrides.to_string()]).unwrap();
+    k.build(&p)
+        .unwrap()
+        .iter()
+        .all(|kernel| check(kernel, &TpuLimits::default()).is_ok())
+}
