@@ -256,6 +256,14 @@ pub struct RefDecl {
 }
 
 impl RefDecl {
+    /// The blocking of each array dim: the block spec's, or whole dims for scratch.
+    pub fn block_dims(&self) -> Vec<BlockDim> {
+        match &self.block {
+            Some(spec) => spec.block_shape.clone(),
+            None => self.ty.shape.iter().map(|&n| BlockDim::Size(n)).collect(),
+        }
+    }
+
     /// The type the kernel body sees when it loads or stores this ref.
     pub fn kernel_type(&self) -> TensorType {
         match &self.block {

@@ -19,7 +19,7 @@ mod verify;
 
 pub use array::{round_to, Array, ArrayData, ArrayError};
 pub use builder::KernelBuilder;
-pub use interp::{interpret, InterpretOptions, RunError};
+pub use interp::{check_inputs, interpret, InterpretOptions, RunError};
 pub use ir::*;
 pub use parse::{parse_kernel, ParseError};
 pub use print::{print_kernel, Namer};

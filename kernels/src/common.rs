@@ -66,6 +66,19 @@ pub fn cols_below(rows: u64, cols: u64, col0: Tensor, limit: u64) -> Tensor {
     (iota([rows, cols], 1) + col0).lt(limit)
 }
 
+/// Whether tiling an `[nrows, ncols]` array with `[rows, cols]` tiles leaves ragged
+/// edge tiles (which then need masks).
+pub fn ragged(rows: u64, cols: u64, nrows: u64, ncols: u64) -> bool {
+    !nrows.is_multiple_of(rows) || !ncols.is_multiple_of(cols)
+}
+
+/// True for the lanes of the `[rows, cols]` tile at `(row0, col0)` that lie inside an
+/// `[nrows, ncols]` array.
+#[kernel_fn]
+pub fn inside(rows: u64, cols: u64, row0: Tensor, col0: Tensor, nrows: u64, ncols: u64) -> Tensor {
+    rows_below(rows, cols, row0, nrows) & cols_below(rows, cols, col0, ncols)
+}
+
 /// Loads a `[rows, cols]` tile whose top-left element is `(row0, col0)` of an
 /// `[nrows, ncols]` array; lanes past the array's edge read zero.
 #[kernel_fn]
@@ -78,10 +91,8 @@ pub fn load_tile(
     nrows: u64,
     ncols: u64,
 ) -> Tensor {
-    let ragged_rows = nrows % rows != 0;
-    let ragged_cols = ncols % cols != 0;
-    if ragged_rows || ragged_cols {
-        let mask = rows_below(rows, cols, row0, nrows) & cols_below(rows, cols, col0, ncols);
+    if ragged(rows, cols, nrows, ncols) {
+        let mask = inside(rows, cols, row0, col0, nrows, ncols);
         r.load_masked(s![.., ..], mask, 0.0)
     } else {
         r.read()
@@ -100,10 +111,8 @@ pub fn store_tile(
     nrows: u64,
     ncols: u64,
 ) {
-    let ragged_rows = nrows % rows != 0;
-    let ragged_cols = ncols % cols != 0;
-    if ragged_rows || ragged_cols {
-        let mask = rows_below(rows, cols, row0, nrows) & cols_below(rows, cols, col0, ncols);
+    if ragged(rows, cols, nrows, ncols) {
+        let mask = inside(rows, cols, row0, col0, nrows, ncols);
         r.store_masked(s![.., ..], value, mask);
     } else {
         r.write(value);

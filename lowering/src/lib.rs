@@ -5,4 +5,5 @@
 
 pub mod mosaic;
 pub mod stablehlo;
+mod text;
 pub mod tpu_rules;

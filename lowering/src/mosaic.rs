@@ -23,17 +23,8 @@ use kernel_ir::{
     Literal, MemorySpace, Op, OpKind, ReduceOp, RefKind, Region, Start, TensorType, UnaryOp, Value,
 };
 
+use crate::text::{element_type as elem, literal, Writer};
 use crate::tpu_rules::{self, TpuLimits, TpuRuleError};
-
-fn elem(d: DType) -> &'static str {
-    match d {
-        DType::F32 => "f32",
-        DType::BF16 => "bf16",
-        DType::F16 => "f16",
-        DType::I32 => "i32",
-        DType::Bool => "i1",
-    }
-}
 
 /// The MLIR type of a value: a scalar for rank 0, else a vector.
 fn vty(dtype: DType, shape: &[u64]) -> String {
@@ -48,32 +39,6 @@ fn tty(t: &TensorType) -> String {
     vty(t.dtype, &t.shape)
 }
 
-/// A float literal MLIR parses exactly (hex for non-finite values).
-fn float_literal(dtype: DType, v: f64) -> String {
-    let bits = |f32bits: &str, bf16: &str, f16: &str| match dtype {
-        DType::BF16 => bf16.to_string(),
-        DType::F16 => f16.to_string(),
-        _ => f32bits.to_string(),
-    };
-    if v.is_nan() {
-        bits("0x7FC00000", "0x7FC0", "0x7E00")
-    } else if v == f64::INFINITY {
-        bits("0x7F800000", "0x7F80", "0x7C00")
-    } else if v == f64::NEG_INFINITY {
-        bits("0xFF800000", "0xFF80", "0xFC00")
-    } else {
-        format!("{v:.9e}")
-    }
-}
-
-fn literal(dtype: DType, v: f64) -> String {
-    match dtype {
-        DType::Bool => (v != 0.0).to_string(),
-        DType::I32 => (v as i64).to_string(),
-        d => float_literal(d, v),
-    }
-}
-
 fn memory_space(space: MemorySpace) -> &'static str {
     match space {
         MemorySpace::Vmem => "#tpu.memory_space<vmem>",
@@ -85,11 +50,7 @@ fn memory_space(space: MemorySpace) -> &'static str {
 /// The memref shape of each ref: the block shape with squeezed dims as 1 (I/O), or
 /// the buffer shape (scratch).
 fn memref_shape(k: &Kernel, r: usize) -> Vec<u64> {
-    let decl = &k.refs[r];
-    match &decl.block {
-        Some(spec) => spec.block_shape.iter().map(|d| d.extent()).collect(),
-        None => decl.ty.shape.clone(),
-    }
+    k.refs[r].block_dims().iter().map(|d| d.extent()).collect()
 }
 
 fn memref_type(k: &Kernel, r: usize) -> String {
@@ -201,9 +162,7 @@ fn base64(bytes: &[u8]) -> String {
 
 struct Emitter<'k> {
     k: &'k Kernel,
-    out: String,
-    indent: usize,
-    next: usize,
+    w: Writer,
     values: HashMap<Value, String>,
 }
 
@@ -211,24 +170,17 @@ impl<'k> Emitter<'k> {
     fn new(k: &'k Kernel) -> Self {
         Emitter {
             k,
-            out: String::new(),
-            indent: 2,
-            next: 0,
+            w: Writer::new("", 2),
             values: HashMap::new(),
         }
     }
 
     fn fresh(&mut self) -> String {
-        self.next += 1;
-        format!("%{}", self.next)
+        self.w.fresh()
     }
 
     fn line(&mut self, s: &str) {
-        for _ in 0..self.indent {
-            self.out.push_str("  ");
-        }
-        self.out.push_str(s);
-        self.out.push('\n');
+        self.w.line(s)
     }
 
     /// Emits `%r = <text>` and returns `%r`.
@@ -320,7 +272,7 @@ impl<'k> Emitter<'k> {
         let scratch = k.refs.iter().filter(|r| r.kind == RefKind::Scratch).count();
         let bounds: Vec<String> = k.grid.iter().map(|g| g.to_string()).collect();
         self.region_ops(&k.body);
-        let body = std::mem::take(&mut self.out);
+        let body = self.w.take();
         let mut text = format!(
             "module attributes {{stable_mosaic.version = 11 : i64}} {{\n  func.func @{name}({args}) attributes \
              {{dimension_semantics = [{semantics}], iteration_bounds = array<i64: {bounds}>, \
@@ -343,14 +295,14 @@ impl<'k> Emitter<'k> {
     fn transform(&mut self, i: usize, r: usize) -> String {
         let k = self.k;
         let spec = k.refs[r].block.as_ref().expect("I/O refs have block specs");
-        self.indent = 2;
+        self.w.indent = 2;
         let results: Vec<String> = spec
             .index_map
             .exprs
             .iter()
             .map(|e| self.index_expr(e))
             .collect();
-        let body = std::mem::take(&mut self.out);
+        let body = self.w.take();
         let args: Vec<String> = (0..k.grid.len()).map(|a| format!("%arg{a}: i32")).collect();
         let types: Vec<&str> = results.iter().map(|_| "i32").collect();
         format!(
@@ -410,10 +362,7 @@ impl<'k> Emitter<'k> {
     /// Memref indices (`index` values) and the per-memref-dim window of a load/store.
     fn window(&mut self, r: usize, index: &[Index]) -> (Vec<String>, Vec<u64>) {
         let decl = &self.k.refs[r];
-        let block_dims: Vec<BlockDim> = match &decl.block {
-            Some(spec) => spec.block_shape.clone(),
-            None => decl.ty.shape.iter().map(|&n| BlockDim::Size(n)).collect(),
-        };
+        let block_dims = decl.block_dims();
         let mut indices = Vec::new();
         let mut counts = Vec::new();
         let mut kernel_dim = 0;
@@ -765,7 +714,7 @@ impl<'k> Emitter<'k> {
                     )
                 };
                 self.line(&head);
-                self.indent += 1;
+                self.w.indent += 1;
                 let yielded = self.region_ops(body);
                 if !yielded.is_empty() {
                     self.line(&format!(
@@ -774,7 +723,7 @@ impl<'k> Emitter<'k> {
                         types.join(", ")
                     ));
                 }
-                self.indent -= 1;
+                self.w.indent -= 1;
                 self.line("}");
                 for (i, &res) in op.results.iter().enumerate() {
                     self.values.insert(res, format!("{r}#{i}"));
@@ -802,7 +751,7 @@ impl<'k> Emitter<'k> {
                     if which == 1 {
                         self.line("} else {");
                     }
-                    self.indent += 1;
+                    self.w.indent += 1;
                     let yielded = self.region_ops(region);
                     if !yielded.is_empty() {
                         self.line(&format!(
@@ -811,7 +760,7 @@ impl<'k> Emitter<'k> {
                             types.join(", ")
                         ));
                     }
-                    self.indent -= 1;
+                    self.w.indent -= 1;
                 }
                 self.line("}");
                 for (i, &res) in op.results.iter().enumerate() {

@@ -16,6 +16,7 @@
 use std::collections::HashMap;
 use std::fmt::Write;
 
+use crate::text::{element_type as elem, literal, Writer};
 use kernel_ir::{
     BinaryOp, BlockDim, CmpPred, DType, Index, IndexBinOp, IndexExpr, Kernel, Literal, Op, OpKind,
     ReduceOp, RefKind, Region, Start, TensorType, UnaryOp, Value,
@@ -26,16 +27,6 @@ use kernel_ir::{
 pub fn lower(kernel: &Kernel) -> String {
     let mut e = Emitter::new(kernel);
     e.module()
-}
-
-fn elem(d: DType) -> &'static str {
-    match d {
-        DType::F32 => "f32",
-        DType::BF16 => "bf16",
-        DType::F16 => "f16",
-        DType::I32 => "i32",
-        DType::Bool => "i1",
-    }
 }
 
 fn ty_of(dtype: DType, shape: &[u64]) -> String {
@@ -61,28 +52,6 @@ fn i64_array(v: impl IntoIterator<Item = u64>) -> String {
     }
 }
 
-/// An MLIR literal for a splat of `value` in `dtype`.
-fn literal(dtype: DType, value: f64) -> String {
-    match dtype {
-        DType::Bool => (value != 0.0).to_string(),
-        DType::I32 => (value as i64).to_string(),
-        _ if value.is_nan() => match dtype {
-            DType::F32 => "0x7FC00000".into(),
-            DType::BF16 => "0x7FC0".into(),
-            _ => "0x7E00".into(),
-        },
-        _ if value.is_infinite() => match (dtype, value > 0.0) {
-            (DType::F32, true) => "0x7F800000".into(),
-            (DType::F32, false) => "0xFF800000".into(),
-            (DType::BF16, true) => "0x7F80".into(),
-            (DType::BF16, false) => "0xFF80".into(),
-            (_, true) => "0x7C00".into(),
-            (_, false) => "0xFC00".into(),
-        },
-        _ => format!("{value:.17e}"),
-    }
-}
-
 /// Where one array dimension of a load/store window starts and how long it is.
 struct DimWindow {
     start: String,
@@ -91,9 +60,7 @@ struct DimWindow {
 
 struct Emitter<'k> {
     k: &'k Kernel,
-    out: String,
-    indent: usize,
-    next: usize,
+    w: Writer,
     values: HashMap<Value, String>,
     /// Current version of each ref's (padded) array, by ref index; inputs never change.
     arrays: Vec<String>,
@@ -123,9 +90,7 @@ impl<'k> Emitter<'k> {
             .collect();
         Emitter {
             k,
-            out: String::new(),
-            indent: 2,
-            next: 0,
+            w: Writer::new("v", 2),
             values: HashMap::new(),
             arrays: vec![String::new(); k.refs.len()],
             padded,
@@ -135,16 +100,11 @@ impl<'k> Emitter<'k> {
     }
 
     fn fresh(&mut self) -> String {
-        self.next += 1;
-        format!("%v{}", self.next)
+        self.w.fresh()
     }
 
     fn line(&mut self, s: &str) {
-        for _ in 0..self.indent {
-            self.out.push_str("  ");
-        }
-        self.out.push_str(s);
-        self.out.push('\n');
+        self.w.line(s)
     }
 
     /// Emits `name = "op"(operands) {attrs} : (operand types) -> result type`.
@@ -349,7 +309,7 @@ impl<'k> Emitter<'k> {
             name = k.name,
             params = params.join(", "),
             results = results.join(", "),
-            body = self.out
+            body = self.w.take()
         )
     }
 
@@ -425,10 +385,10 @@ impl<'k> Emitter<'k> {
             .map(|(a, t)| format!("{a}: {t}"))
             .collect();
         self.line(&format!("^bb0({}):", decl.join(", ")));
-        self.indent += 1;
+        self.w.indent += 1;
         let c = self.compare("LT", &cond_args[0], limit, DType::I32, &[]);
         self.line(&format!("\"stablehlo.return\"({c}) : (tensor<i1>) -> ()"));
-        self.indent -= 1;
+        self.w.indent -= 1;
         self.line("}, {");
         let body_args: Vec<String> = (0..n).map(|_| self.fresh()).collect();
         let decl: Vec<String> = body_args
@@ -437,13 +397,13 @@ impl<'k> Emitter<'k> {
             .map(|(a, t)| format!("{a}: {t}"))
             .collect();
         self.line(&format!("^bb0({}):", decl.join(", ")));
-        self.indent += 1;
+        self.w.indent += 1;
         let next = body(self, &body_args);
         self.line(&format!(
             "\"stablehlo.return\"({}) : ({sig}) -> ()",
             next.join(", ")
         ));
-        self.indent -= 1;
+        self.w.indent -= 1;
         self.line(&format!("}}) : ({sig}) -> ({sig})"));
         (0..n).map(|i| format!("{r}#{i}")).collect()
     }
@@ -492,10 +452,7 @@ impl<'k> Emitter<'k> {
 
     fn window(&mut self, r: usize, index: &[Index]) -> Vec<DimWindow> {
         let decl = &self.k.refs[r];
-        let block_dims: Vec<BlockDim> = match &decl.block {
-            Some(spec) => spec.block_shape.clone(),
-            None => decl.ty.shape.iter().map(|&n| BlockDim::Size(n)).collect(),
-        };
+        let block_dims = decl.block_dims();
         let i32t = ty_of(DType::I32, &[]);
         let mut kernel_dim = 0;
         let mut out = Vec::new();
@@ -789,7 +746,7 @@ impl<'k> Emitter<'k> {
                 ));
                 let (a, b) = (self.fresh(), self.fresh());
                 self.line(&format!("^bb0({a}: {st}, {b}: {st}):"));
-                self.indent += 1;
+                self.w.indent += 1;
                 let combine = match r {
                     ReduceOp::Sum => "add",
                     ReduceOp::Max => "maximum",
@@ -797,7 +754,7 @@ impl<'k> Emitter<'k> {
                 };
                 let c = self.binary_raw(combine, &a, &b, &st);
                 self.line(&format!("\"stablehlo.return\"({c}) : ({st}) -> ()"));
-                self.indent -= 1;
+                self.w.indent -= 1;
                 self.line(&format!(
                     "}}) {{dimensions = {}}} : ({}, {st}) -> {out_acc}",
                     i64_array(axes.iter().map(|&a| a as u64)),
@@ -893,7 +850,7 @@ impl<'k> Emitter<'k> {
                     if which == 1 {
                         self.line("}, {");
                     }
-                    self.indent += 1;
+                    self.w.indent += 1;
                     for (slot, &i) in writable.iter().enumerate() {
                         self.arrays[i] = before[slot].clone();
                     }
@@ -904,7 +861,7 @@ impl<'k> Emitter<'k> {
                         out.join(", "),
                         types.join(", ")
                     ));
-                    self.indent -= 1;
+                    self.w.indent -= 1;
                 }
                 self.line(&format!("}}) : (tensor<i1>) -> ({})", types.join(", ")));
                 for (i, &res) in op.results.iter().enumerate() {

@@ -86,31 +86,6 @@ fn xla_unavailable() -> Option<&'static str> {
     Some("tessera was built without the PJRT header: run `make setup`, then rebuild")
 }
 
-/// Checks that `inputs` match the kernel's input types.
-pub fn check_inputs(kernel: &Kernel, inputs: &[Array]) -> Result<(), Error> {
-    let expected = kernel.input_types();
-    if inputs.len() != expected.len() {
-        return Err(Error::Run(RunError::BadArgument {
-            index: inputs.len().min(expected.len()),
-            message: format!(
-                "kernel @{} takes {} inputs, {} were given",
-                kernel.name,
-                expected.len(),
-                inputs.len()
-            ),
-        }));
-    }
-    for (index, (a, t)) in inputs.iter().zip(&expected).enumerate() {
-        if a.ty() != t {
-            return Err(Error::Run(RunError::BadArgument {
-                index,
-                message: format!("%{} expects {t}, got {}", kernel.refs[index].name, a.ty()),
-            }));
-        }
-    }
-    Ok(())
-}
-
 /// Errors of the runtime.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

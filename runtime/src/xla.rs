@@ -126,7 +126,7 @@ impl Xla {
 
     /// Lowers, compiles (or finds in the cache) and runs `kernel` on `inputs`.
     pub fn run(&self, kernel: &Kernel, inputs: &[Array]) -> Result<Vec<Array>, crate::Error> {
-        crate::check_inputs(kernel, inputs)?;
+        kernel_ir::check_inputs(kernel, inputs)?;
         let module = lowering::stablehlo::lower(kernel);
         let t = Instant::now();
         let (exe, source) = self

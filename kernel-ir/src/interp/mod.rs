@@ -74,13 +74,9 @@ struct Fault<'k> {
     message: String,
 }
 
-/// Runs `kernel` on `inputs` and returns its outputs.
-pub fn interpret(
-    kernel: &Kernel,
-    inputs: &[Array],
-    options: &InterpretOptions,
-) -> Result<Vec<Array>, RunError> {
-    verify(kernel).map_err(RunError::Invalid)?;
+/// Checks that `inputs` match the kernel's input types (count, dtype, shape); every
+/// backend calls this before running.
+pub fn check_inputs(kernel: &Kernel, inputs: &[Array]) -> Result<(), RunError> {
     let expected = kernel.input_types();
     if inputs.len() != expected.len() {
         return Err(RunError::BadArgument {
@@ -102,6 +98,17 @@ pub fn interpret(
             });
         }
     }
+    Ok(())
+}
+
+/// Runs `kernel` on `inputs` and returns its outputs.
+pub fn interpret(
+    kernel: &Kernel,
+    inputs: &[Array],
+    options: &InterpretOptions,
+) -> Result<Vec<Array>, RunError> {
+    verify(kernel).map_err(RunError::Invalid)?;
+    check_inputs(kernel, inputs)?;
     let fill = |ty: &crate::types::TensorType| {
         if options.poison_uninitialized {
             Array::filled(ty.clone(), f64::NAN)

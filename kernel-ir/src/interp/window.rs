@@ -24,10 +24,7 @@ pub(super) fn resolve(
     index: &[Index],
     mut scalar: impl FnMut(crate::ir::Value) -> i64,
 ) -> Result<Vec<DimAccess>, String> {
-    let block_dims: Vec<BlockDim> = match &decl.block {
-        Some(spec) => spec.block_shape.clone(),
-        None => decl.ty.shape.iter().map(|&n| BlockDim::Size(n)).collect(),
-    };
+    let block_dims = decl.block_dims();
     let mut out = Vec::with_capacity(block_dims.len());
     let mut kernel_dim = 0;
     for (dim, bd) in block_dims.iter().enumerate() {

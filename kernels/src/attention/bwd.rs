@@ -5,7 +5,7 @@
 use kernel_ir::dsl::prelude::*;
 use kernel_macros::{kernel, kernel_fn};
 
-use super::fwd::{causal_mask, mxu_input};
+use super::fwd::{causal_mask, mxu_input, visible_key_blocks};
 use super::AttentionConfig;
 use crate::common::load_tile;
 
@@ -115,11 +115,7 @@ pub(crate) fn flash_attention_bwd_dq(
     let delta_b = load_vector(delta, bq, q0, c.q_len);
     let full_blocks = c.kv_len / bk;
     let tail = c.kv_len % bk;
-    let upper = if c.causal {
-        ((q0 + (bq + bk - 1)) / bk).minimum(full_blocks)
-    } else {
-        index(full_blocks as i64)
-    };
+    let upper = visible_key_blocks(q0, full_blocks, c);
     let mut acc = zeros([bq, d], DType::F32);
     for j in 0..upper {
         acc = dq_step(qb, dob, lse_b, delta_b, k, v, q0, j * bk, bk, acc, c);

@@ -29,6 +29,17 @@ pub(crate) fn mxu_input(x: Tensor, dtype: DType) -> Tensor {
     }
 }
 
+/// How many of the `full_blocks` key blocks the queries `[q0, q0 + block_q)` may see:
+/// all of them, or under the causal mask those starting at or before the last query.
+#[kernel_fn]
+pub(crate) fn visible_key_blocks(q0: Tensor, full_blocks: u64, c: AttentionConfig) -> Tensor {
+    if c.causal {
+        ((q0 + (c.block_q + c.block_k - 1)) / c.block_k).minimum(full_blocks)
+    } else {
+        index(full_blocks as i64)
+    }
+}
+
 /// One step of the online softmax over keys `[k0, k0 + size)`.
 #[kernel_fn]
 fn attend(
@@ -72,11 +83,7 @@ pub(crate) fn flash_attention_fwd(
     let full_blocks = c.kv_len / bk;
     let tail = c.kv_len % bk;
     // Causal: key blocks wholly after the last query of this block are skipped.
-    let upper = if c.causal {
-        ((q0 + (bq + bk - 1)) / bk).minimum(full_blocks)
-    } else {
-        index(full_blocks as i64)
-    };
+    let upper = visible_key_blocks(q0, full_blocks, c);
     let mut m = full([bq], f64::NEG_INFINITY, DType::F32);
     let mut l = zeros([bq], DType::F32);
     let mut acc = zeros([bq, c.head_dim], DType::F32);

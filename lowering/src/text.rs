@@ -1,0 +1,74 @@
+//! What the MLIR text emitters share: a writer that numbers SSA values and indents
+//! lines, element type names, and float literals MLIR parses exactly.
+
+use kernel_ir::DType;
+
+/// Accumulates indented lines of MLIR and hands out fresh SSA names.
+pub(crate) struct Writer {
+    out: String,
+    /// Nesting depth (two spaces per level).
+    pub(crate) indent: usize,
+    next: usize,
+    prefix: &'static str,
+}
+
+impl Writer {
+    /// A writer whose values are named `%{prefix}N`, starting at `indent`.
+    pub(crate) fn new(prefix: &'static str, indent: usize) -> Self {
+        Writer {
+            out: String::new(),
+            indent,
+            next: 0,
+            prefix,
+        }
+    }
+
+    /// A new SSA name.
+    pub(crate) fn fresh(&mut self) -> String {
+        self.next += 1;
+        format!("%{}{}", self.prefix, self.next)
+    }
+
+    /// Appends one line at the current indentation.
+    pub(crate) fn line(&mut self, s: &str) {
+        for _ in 0..self.indent {
+            self.out.push_str("  ");
+        }
+        self.out.push_str(s);
+        self.out.push('\n');
+    }
+
+    /// The lines written so far, leaving the writer empty.
+    pub(crate) fn take(&mut self) -> String {
+        std::mem::take(&mut self.out)
+    }
+}
+
+/// The MLIR element type of a dtype.
+pub(crate) fn element_type(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "f32",
+        DType::BF16 => "bf16",
+        DType::F16 => "f16",
+        DType::I32 => "i32",
+        DType::Bool => "i1",
+    }
+}
+
+/// A literal of `dtype` for `v`: hex bit patterns for NaN and infinities (MLIR has no
+/// names for them), else an exact decimal.
+pub(crate) fn literal(dtype: DType, v: f64) -> String {
+    let hex = |f32bits: &str, bf16: &str, f16: &str| match dtype {
+        DType::BF16 => bf16.to_string(),
+        DType::F16 => f16.to_string(),
+        _ => f32bits.to_string(),
+    };
+    match dtype {
+        DType::Bool => (v != 0.0).to_string(),
+        DType::I32 => (v as i64).to_string(),
+        _ if v.is_nan() => hex("0x7FC00000", "0x7FC0", "0x7E00"),
+        _ if v == f64::INFINITY => hex("0x7F800000", "0x7F80", "0x7C00"),
+        _ if v == f64::NEG_INFINITY => hex("0xFF800000", "0xFF80", "0xFC00"),
+        _ => format!("{v:.17e}"),
+    }
+}
