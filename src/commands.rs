@@ -251,14 +251,19 @@ pub fn bench(
     let k = library_kernel(name)?;
     let p = params(k, overrides)?;
     let requested = requested_backend(backend)?;
-    if let Some(baseline) = vs {
-        return Err(usage(match baseline {
-            "torch" | "xla" => format!(
-                "baseline `{baseline}` is not built into this version of tessera \
-                 (it arrives with the native backend and benches issue)"
-            ),
-            other => format!("unknown baseline `{other}`: expected torch or xla"),
-        }));
+    match vs {
+        None | Some("xla") => {}
+        Some("torch") => {
+            return Err(usage(
+                "baseline `torch` is not built into this version of tessera \
+                 (it arrives with the tch-based benches of the native backend issue)",
+            ))
+        }
+        Some(other) => {
+            return Err(usage(format!(
+                "unknown baseline `{other}`: expected torch or xla"
+            )))
+        }
     }
     if runs == 0 {
         return Err(usage("--runs must be at least 1"));
@@ -266,11 +271,22 @@ pub fn bench(
     for kernel in build(k, &p)? {
         runtime::resolve(requested, &kernel).map_err(|e| usage(e.to_string()))?;
     }
-    let inputs = k.inputs(&p, 0).map_err(|e| usage(e.to_string()))?;
+    let case = benches::Case::new(k, overrides).map_err(|e| usage(e.to_string()))?;
     let fail = |e: BoxError| runtime_failure(format!("{name} {p}: {e}"));
-    let (outputs, used) = execute(k, &p, &inputs, requested).map_err(fail)?;
-    let ms = median_ms(runs, || execute(k, &p, &inputs, requested).map(|_| ())).map_err(fail)?;
-    let bytes: usize = inputs
+    let (outputs, used) = execute(k, &p, &case.inputs, requested).map_err(fail)?;
+    let ms =
+        median_ms(runs, || execute(k, &p, &case.inputs, requested).map(|_| ())).map_err(fail)?;
+    let baseline_ms = match vs {
+        Some(_) => {
+            if case.run_xla_baseline().map_err(fail)?.is_none() {
+                return Err(usage(format!("`{name}` has no XLA baseline")));
+            }
+            Some(median_ms(runs, || case.run_xla_baseline().map(|_| ())).map_err(fail)?)
+        }
+        None => None,
+    };
+    let bytes: usize = case
+        .inputs
         .iter()
         .chain(&outputs)
         .map(|a| a.ty().num_elements() as usize * a.dtype().size_bytes())
@@ -280,11 +296,18 @@ pub fn bench(
     let peak = runtime::peak::fma_peak_gflops();
     let bandwidth = runtime::peak::memory_bandwidth_gbs();
     if json {
+        let baseline = match baseline_ms {
+            Some(b) => format!(
+                "{{\"name\":\"xla\",\"median_ms\":{b:.4},\"ratio\":{:.3}}}",
+                ms / b
+            ),
+            None => "null".into(),
+        };
         println!(
             "{{\"kernel\":\"{name}\",\"params\":\"{p}\",\"backend\":\"{used}\",\"runs\":{runs},\
              \"median_ms\":{ms:.4},\"gflops\":{gflops:.3},\"gbs\":{gbs:.3},\
              \"peak_gflops\":{peak:.1},\"pct_of_peak\":{:.2},\"bandwidth_gbs\":{bandwidth:.1},\
-             \"pct_of_bandwidth\":{:.2},\"baseline\":null}}",
+             \"pct_of_bandwidth\":{:.2},\"baseline\":{baseline}}}",
             100.0 * gflops / peak,
             100.0 * gbs / bandwidth
         );
@@ -296,6 +319,12 @@ pub fn bench(
             100.0 * gflops / peak,
             100.0 * gbs / bandwidth
         );
+        if let Some(b) = baseline_ms {
+            println!(
+                "xla baseline median {b:.3} ms  ratio tessera/xla {:.2}",
+                ms / b
+            );
+        }
     }
     Ok(())
 }

@@ -193,6 +193,27 @@ fn bench_reports_time_throughput_and_peaks() {
     let o = tessera(&["bench", "softmax", "--vs", "torch"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("baseline `torch` is not built"));
+    let o = tessera(&[
+        "bench",
+        "softmax",
+        "--vs",
+        "xla",
+        "--shape",
+        "rows=16,cols=64",
+        "--runs",
+        "2",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("ratio tessera/xla"), "{}", stdout(&o));
+    let o = tessera(&[
+        "bench",
+        "flash_attention_bwd",
+        "--vs",
+        "xla",
+        "--shape",
+        "q_len=16,kv_len=16",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
     assert_eq!(
         tessera(&["bench", "softmax", "--runs", "0"]).status.code(),
         Some(2)

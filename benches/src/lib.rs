@@ -1,4 +1,7 @@
-//! Shared setup of the benches: each library kernel at a small and a large size.
+//! Shared setup of the benches: each library kernel at a small and a large size, and
+//! the plain XLA baseline of its math.
+
+pub mod xla_baseline;
 
 use kernel_ir::{interpret, Array, InterpretOptions, Kernel};
 use kernels::{BoxError, LibraryKernel, Params};
@@ -49,6 +52,38 @@ impl Case {
     pub fn run_interpreter(&self) -> Result<Vec<Array>, BoxError> {
         let mut exec = |k: &Kernel, ins: &[Array]| -> Result<Vec<Array>, BoxError> {
             Ok(interpret(k, ins, &InterpretOptions::default())?)
+        };
+        self.kernel.run(&self.params, &self.inputs, &mut exec)
+    }
+}
+
+impl Case {
+    /// The output types of the op's last kernel (the op's outputs for every op that has
+    /// a baseline).
+    fn output_types(&self) -> Result<Vec<kernel_ir::TensorType>, BoxError> {
+        let kernels = self.kernel.build(&self.params)?;
+        Ok(kernels.last().map(Kernel::output_types).unwrap_or_default())
+    }
+
+    /// Runs the op's XLA baseline once; `Ok(None)` when the op has no baseline.
+    pub fn run_xla_baseline(&self) -> Result<Option<Vec<Array>>, BoxError> {
+        let Some(module) = xla_baseline::module(self.kernel.name(), &self.params)? else {
+            return Ok(None);
+        };
+        let outputs = self.output_types()?;
+        let name = format!("{}_baseline", self.kernel.name());
+        Ok(Some(runtime::run_stablehlo(
+            &name,
+            &module,
+            &self.inputs,
+            &outputs,
+        )?))
+    }
+
+    /// Runs the op once on `backend`.
+    pub fn run_on(&self, backend: runtime::Backend) -> Result<Vec<Array>, BoxError> {
+        let mut exec = |k: &Kernel, ins: &[Array]| -> Result<Vec<Array>, BoxError> {
+            Ok(runtime::run(k, ins, backend)?.0)
         };
         self.kernel.run(&self.params, &self.inputs, &mut exec)
     }

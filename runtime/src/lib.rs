@@ -181,6 +181,38 @@ fn run_xla(kernel: &Kernel, inputs: &[Array]) -> Result<Vec<Array>, Error> {
     }
 }
 
+/// Compiles and runs a StableHLO module (MLIR text) on the XLA backend, through the
+/// compilation cache; `outputs` are its result types.
+#[cfg(tessera_pjrt)]
+pub fn run_stablehlo(
+    name: &str,
+    module: &str,
+    inputs: &[Array],
+    outputs: &[kernel_ir::TensorType],
+) -> Result<Vec<Array>, Error> {
+    match xla::backend() {
+        Ok(x) => x.run_module(name, module, inputs, outputs),
+        Err(reason) => Err(Error::Unavailable {
+            backend: Backend::Xla,
+            reason: reason.into(),
+        }),
+    }
+}
+
+/// Compiles and runs a StableHLO module: unavailable in a build without PJRT.
+#[cfg(not(tessera_pjrt))]
+pub fn run_stablehlo(
+    _name: &str,
+    _module: &str,
+    _inputs: &[Array],
+    _outputs: &[kernel_ir::TensorType],
+) -> Result<Vec<Array>, Error> {
+    Err(Error::Unavailable {
+        backend: Backend::Xla,
+        reason: xla_unavailable().unwrap_or_default().into(),
+    })
+}
+
 #[cfg(not(tessera_pjrt))]
 fn run_xla(_kernel: &Kernel, _inputs: &[Array]) -> Result<Vec<Array>, Error> {
     Err(Error::Unavailable {

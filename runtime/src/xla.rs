@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use kernel_ir::{Array, Kernel};
+use kernel_ir::{Array, Kernel, TensorType};
 use sha2::{Digest, Sha256};
 
 use crate::cache::{self, Cache, Compiler, Source};
@@ -128,11 +128,23 @@ impl Xla {
     pub fn run(&self, kernel: &Kernel, inputs: &[Array]) -> Result<Vec<Array>, crate::Error> {
         kernel_ir::check_inputs(kernel, inputs)?;
         let module = lowering::stablehlo::lower(kernel);
+        self.run_module(&kernel.name, &module, inputs, &kernel.output_types())
+    }
+
+    /// Compiles (or finds in the cache) and runs a StableHLO module given as text;
+    /// `outputs` are its result types.
+    pub fn run_module(
+        &self,
+        name: &str,
+        module: &str,
+        inputs: &[Array],
+        outputs: &[TensorType],
+    ) -> Result<Vec<Array>, crate::Error> {
         let t = Instant::now();
         let (exe, source) = self
             .cache
-            .get(&module)
-            .map_err(|e| crate::Error::Xla(format!("compiling @{}: {e}", kernel.name)))?;
+            .get(module)
+            .map_err(|e| crate::Error::Xla(format!("compiling @{name}: {e}")))?;
         debug(|| {
             let how = match source {
                 Source::Memory => "memory hit",
@@ -140,15 +152,14 @@ impl Xla {
                 Source::Compiled => "compiled",
             };
             format!(
-                "xla @{}: {how} in {:.1} ms",
-                kernel.name,
+                "xla @{name}: {how} in {:.1} ms",
                 t.elapsed().as_secs_f64() * 1e3
             )
         });
         self.cache
             .compiler()
             .client
-            .execute(&exe, inputs, &kernel.output_types())
-            .map_err(|e| crate::Error::Xla(format!("running @{}: {e}", kernel.name)))
+            .execute(&exe, inputs, outputs)
+            .map_err(|e| crate::Error::Xla(format!("running @{name}: {e}")))
     }
 }

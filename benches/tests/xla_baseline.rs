@@ -1,0 +1,56 @@
+//! The XLA baselines compute the same math as the library kernels: each is checked
+//! against the kernel's f64 reference (so a bench never compares against wrong work).
+
+use benches::Case;
+use kernels::{compare, find};
+
+fn xla_available() -> bool {
+    let k = find("softmax").unwrap();
+    let p = kernels::Params::parse(k.params(), &[]).unwrap();
+    match runtime::Backend::Xla.unavailable_because(&k.build(&p).unwrap()[0]) {
+        None => true,
+        Some(reason) => {
+            assert!(
+                std::env::var_os("TESSERA_REQUIRE_XLA").is_none(),
+                "XLA is unavailable: {reason}"
+            );
+            eprintln!("skipping: {reason}");
+            false
+        }
+    }
+}
+
+#[test]
+fn baselines_match_the_references() {
+    if !xla_available() {
+        return;
+    }
+    std::env::set_var(
+        "TESSERA_CACHE_DIR",
+        std::env::temp_dir().join("tessera-baseline-test-cache"),
+    );
+    let cases: &[(&str, &str)] = &[
+        ("matmul", "m=40,k=33,n=20"),
+        ("matmul", "m=64,k=64,n=64,dtype=bf16"),
+        ("softmax", "rows=13,cols=70"),
+        ("rms_norm", "rows=9,cols=33"),
+        ("layer_norm", "rows=9,cols=33,dtype=bf16"),
+        ("swiglu", "rows=5,cols=17"),
+        ("rope", "batch=2,heads=3,seq=11,head_dim=8"),
+        ("flash_attention", "heads=4,kv_heads=2,q_len=33,kv_len=47"),
+        (
+            "flash_attention",
+            "heads=2,kv_heads=1,q_len=20,kv_len=20,causal=true,dtype=bf16",
+        ),
+    ];
+    for (name, overrides) in cases {
+        let k = find(name).unwrap();
+        let case = Case::new(k, &[overrides.to_string()]).unwrap();
+        let got = case.run_xla_baseline().unwrap().expect("a baseline exists");
+        let want = k.reference(&case.params, &case.inputs).unwrap();
+        let c = compare(&got, &want, k.tolerance(&case.params));
+        assert!(c.ok(), "{name} {overrides}: {c:?}");
+    }
+    let bwd = Case::new(find("flash_attention_bwd").unwrap(), &[]).unwrap();
+    assert!(bwd.run_xla_baseline().unwrap().is_none());
+}
