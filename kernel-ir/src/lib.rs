@@ -14,6 +14,7 @@ mod interp;
 mod ir;
 mod parse;
 mod print;
+pub mod testing;
 mod types;
 mod verify;
 

@@ -10,6 +10,7 @@ fn samples() -> Vec<Kernel> {
         softmax_masked(13, 7, 8),
         matmul_grid_k(32, 64, 48, 16, 16, 16),
         matmul_loop(16, 96, 24, 8, 32),
+        kernel_ir::testing::op_zoo(),
     ]
 }
 
@@ -86,7 +87,7 @@ proptest! {
     /// Mutated valid kernels never panic the parser: they parse (and then print back
     /// to something that parses identically) or give an error.
     #[test]
-    fn parser_never_panics_on_mutations(which in 0usize..4, pos in any::<prop::sample::Index>(),
+    fn parser_never_panics_on_mutations(which in 0usize..5, pos in any::<prop::sample::Index>(),
                                         cut in any::<prop::sample::Index>(), insert in "[ -~]{0,8}") {
         let text = print_kernel(&samples()[which]);
         let mut chars: Vec<char> = text.chars().collect();

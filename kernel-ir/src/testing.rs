@@ -1,0 +1,65 @@
+//! Kernels for testing backends: [`op_zoo`] uses every op of the IR, so a backend that
+//! matches the interpreter on it implements the whole op set.
+
+use crate::dsl::prelude::*;
+use crate::dsl::{branch, for_range};
+use crate::Array;
+
+fn spec(shape: [u64; 2]) -> BlockSpecFn {
+    block_spec(shape, |i| vec![i[0].clone(), 0.into()])
+}
+
+/// A kernel over `f32[16, 8]` and `i32[16, 8]` inputs (two programs of 8 rows) that
+/// uses every op: unary/binary float and integer math (floor division and remainder of
+/// negatives), transposes, min/max reductions, an `if` with a result, a `for` with a
+/// carried value, `select`, casts between bool, i32, bf16 and f32, `iota`,
+/// `num_programs`. Outputs: `f32[16, 8]`, `i32[16, 8]`.
+pub fn op_zoo() -> Kernel {
+    let f = TensorType::new(DType::F32, [16, 8]);
+    let i = TensorType::new(DType::I32, [16, 8]);
+    pallas_call(|x: Ref, n: Ref, of: Ref, oi: Ref| {
+        let v = x.read();
+        let a = v.abs() + 0.5;
+        let t = v.tanh() + a.sqrt() + a.pow(1.5) + (v % 0.3) + a.log() + a.rsqrt();
+        let tt = t.t().t() + t.transpose(vec![1, 0]).t();
+        let mins = tt.min_keepdims(1) + tt.max_keepdims(0);
+        let k = n.read();
+        let q = k / 3 + k % 3 + (-k) / 4 + (-k) % 4 + k.maximum(2).minimum(5) - k.abs();
+        let q = q + (!k) + (k.ge(0) & k.lt(4)).cast(DType::I32) + iota([8, 8], 1) * num_programs(0);
+        let flag = q.cast(DType::F32).sum(1).sum(0).gt(0.0);
+        let ((), picked) = branch(flag, (), |vars| (vars, mins * 2.0), |vars| (vars, -mins));
+        let looped = for_range(0, 3, 1, picked, |j, acc| {
+            acc + j.cast(DType::F32) + k.cast(DType::F32) * 0.25
+        });
+        let sel = select(v.lt(0.0), looped, -(-v.exp()));
+        of.write(sel + q.cast(DType::F32).cast(DType::BF16).cast(DType::F32));
+        oi.write(
+            q + sel.cast(DType::I32)
+                + sel
+                    .gt(1.0)
+                    .cast(DType::I32)
+                    .cast(DType::Bool)
+                    .cast(DType::I32),
+        );
+    })
+    .name("zoo")
+    .grid([2])
+    .input(f.clone(), spec([8, 8]))
+    .input(i.clone(), spec([8, 8]))
+    .output(f, spec([8, 8]))
+    .output(i, spec([8, 8]))
+    .build()
+    .unwrap()
+}
+
+/// Deterministic inputs for [`op_zoo`], with negative integers.
+pub fn op_zoo_inputs() -> [Array; 2] {
+    let x: Vec<f32> = (0..128)
+        .map(|i| ((i * 37 % 29) as f32 - 14.0) / 7.0)
+        .collect();
+    let n: Vec<i32> = (0..128).map(|i| (i * 13 % 23) - 11).collect();
+    [
+        Array::from_f32(DType::F32, [16, 8], x).expect("128 elements"),
+        Array::from_i32([16, 8], n).expect("128 elements"),
+    ]
+}
