@@ -2,161 +2,44 @@
 //! function over whole arrays (no blocking, no grid), for XLA CPU to compile its own
 //! way. Benches and `tessera bench --vs xla` time it in the same process as the kernel.
 
-use std::fmt::Write;
-
+use kernel_ir::{DType, TensorType};
 use kernels::{
     AttentionConfig, MatmulConfig, NormConfig, Params, RopeConfig, SoftmaxConfig, SwigluConfig,
 };
+use lowering::hlo::{i64_array as dims, tensor_type as ty, HloBuilder};
 
-use kernel_ir::DType;
-
-/// A StableHLO module builder: SSA names, one op per line.
-struct Module {
-    body: String,
-    next: usize,
-}
-
-fn ty(dtype: DType, shape: &[u64]) -> String {
-    let mut s = String::from("tensor<");
-    for d in shape {
-        let _ = write!(s, "{d}x");
-    }
-    s.push_str(match dtype {
-        DType::F32 => "f32",
-        DType::BF16 => "bf16",
-        DType::F16 => "f16",
-        DType::I32 => "i32",
-        DType::Bool => "i1",
-    });
-    s.push('>');
-    s
-}
-
-fn dims(d: &[u64]) -> String {
-    let items: Vec<String> = d.iter().map(|x| x.to_string()).collect();
-    if items.is_empty() {
-        "array<i64>".into()
+/// Reduces f32 `x` of shape `shape` over `axes` with `add` or `maximum`.
+fn reduce(m: &mut HloBuilder, kind: &str, x: &str, shape: &[u64], axes: &[u64]) -> String {
+    let init = if kind == "maximum" {
+        f64::NEG_INFINITY
     } else {
-        format!("array<i64: {}>", items.join(", "))
-    }
-}
-
-impl Module {
-    fn new() -> Self {
-        Module {
-            body: String::new(),
-            next: 0,
-        }
-    }
-
-    fn fresh(&mut self) -> String {
-        self.next += 1;
-        format!("%{}", self.next)
-    }
-
-    /// `%r = "stablehlo.NAME"(operands) {attrs} : (types) -> result`.
-    fn op(&mut self, name: &str, operands: &[(&str, &str)], attrs: &str, result: &str) -> String {
-        let r = self.fresh();
-        let names: Vec<&str> = operands.iter().map(|o| o.0).collect();
-        let types: Vec<&str> = operands.iter().map(|o| o.1).collect();
-        let attrs = if attrs.is_empty() {
-            String::new()
-        } else {
-            format!(" {{{attrs}}}")
-        };
-        let _ = writeln!(
-            self.body,
-            "    {r} = \"stablehlo.{name}\"({}){attrs} : ({}) -> {result}",
-            names.join(", "),
-            types.join(", ")
-        );
-        r
-    }
-
-    fn constant(&mut self, t: &str, v: f64) -> String {
-        let lit = if v == f64::NEG_INFINITY {
-            "0xFF800000".to_string()
-        } else {
-            format!("{v:.17e}")
-        };
-        self.op("constant", &[], &format!("value = dense<{lit}> : {t}"), t)
-    }
-
-    fn bin(&mut self, name: &str, a: &str, b: &str, t: &str) -> String {
-        self.op(name, &[(a, t), (b, t)], "", t)
-    }
-
-    fn un(&mut self, name: &str, a: &str, t: &str) -> String {
-        self.op(name, &[(a, t)], "", t)
-    }
-
-    fn convert(&mut self, x: &str, from: &str, to: &str) -> String {
-        if from == to {
-            return x.to_string();
-        }
-        self.op("convert", &[(x, from)], "", to)
-    }
-
-    fn broadcast(&mut self, x: &str, from: &str, map: &[u64], to: &str) -> String {
-        self.op(
-            "broadcast_in_dim",
-            &[(x, from)],
-            &format!("broadcast_dimensions = {}", dims(map)),
-            to,
-        )
-    }
-
-    /// Reduces `x` (f32) over `axes` with `add` or `maximum`.
-    fn reduce(&mut self, kind: &str, x: &str, from: &str, axes: &[u64], to: &str) -> String {
-        let init = self.constant(
-            "tensor<f32>",
-            if kind == "maximum" {
-                f64::NEG_INFINITY
-            } else {
-                0.0
-            },
-        );
-        let (r, a, b, c) = (self.fresh(), self.fresh(), self.fresh(), self.fresh());
-        let _ = write!(
-            self.body,
-            "    {r} = \"stablehlo.reduce\"({x}, {init}) ({{\n    ^bb0({a}: tensor<f32>, {b}: tensor<f32>):\n      \
-             {c} = \"stablehlo.{kind}\"({a}, {b}) : (tensor<f32>, tensor<f32>) -> tensor<f32>\n      \
-             \"stablehlo.return\"({c}) : (tensor<f32>) -> ()\n    }}) {{dimensions = {}}} : ({from}, tensor<f32>) -> {to}\n",
-            dims(axes)
-        );
-        r
-    }
-
-    fn finish(self, name: &str, params: &[String], results: &[(String, String)]) -> String {
-        let names: Vec<&str> = results.iter().map(|r| r.0.as_str()).collect();
-        let types: Vec<&str> = results.iter().map(|r| r.1.as_str()).collect();
-        format!(
-            "module @{name}_baseline {{\n  func.func public @main({}) -> ({}) {{\n{}    \"func.return\"({}) : ({}) -> ()\n  }}\n}}\n",
-            params.join(", "),
-            types.join(", "),
-            self.body,
-            names.join(", "),
-            types.join(", ")
-        )
-    }
+        0.0
+    };
+    m.reduce(
+        kind,
+        x,
+        &TensorType::new(DType::F32, shape.to_vec()),
+        init,
+        axes,
+    )
 }
 
 /// Row-wise softmax of `x` (f32, `[rows, cols]`).
-fn softmax_rows(m: &mut Module, x: &str, rows: u64, cols: u64) -> String {
+fn softmax_rows(m: &mut HloBuilder, x: &str, rows: u64, cols: u64) -> String {
     let t = ty(DType::F32, &[rows, cols]);
     let tr = ty(DType::F32, &[rows]);
-    let mx = m.reduce("maximum", x, &t, &[1], &tr);
+    let mx = reduce(m, "maximum", x, &[rows, cols], &[1]);
     let mxb = m.broadcast(&mx, &tr, &[0], &t);
-    let sh = m.bin("subtract", x, &mxb, &t);
-    let e = m.un("exponential", &sh, &t);
-    let s = m.reduce("add", &e, &t, &[1], &tr);
+    let sh = m.binary("subtract", x, &mxb, &t);
+    let e = m.unary("exponential", &sh, &t);
+    let s = reduce(m, "add", &e, &[rows, cols], &[1]);
     let sb = m.broadcast(&s, &tr, &[0], &t);
-    m.bin("divide", &e, &sb, &t)
+    m.binary("divide", &e, &sb, &t)
 }
 
 /// The baseline module for a library kernel, or `None` when there is none.
 pub fn module(name: &str, p: &Params) -> Result<Option<String>, kernels::BoxError> {
-    let mut m = Module::new();
+    let mut m = HloBuilder::default();
     Ok(Some(match name {
         "matmul" => {
             let c = MatmulConfig::from_params(p)?;
@@ -175,7 +58,7 @@ pub fn module(name: &str, p: &Params) -> Result<Option<String>, kernels::BoxErro
             let attrs = "dot_dimension_numbers = #stablehlo.dot<lhs_contracting_dimensions = [1], rhs_contracting_dimensions = [0]>";
             let d = m.op("dot_general", &[(&x, &af), (&y, &bf)], attrs, &of);
             let r = m.convert(&d, &of, &o);
-            m.finish(
+            m.module(
                 name,
                 &[format!("%arg0: {a}"), format!("%arg1: {b}")],
                 &[(r, o)],
@@ -190,7 +73,11 @@ pub fn module(name: &str, p: &Params) -> Result<Option<String>, kernels::BoxErro
             let x = m.convert("%arg0", &t, &tf);
             let s = softmax_rows(&mut m, &x, c.rows, c.cols);
             let r = m.convert(&s, &tf, &t);
-            m.finish(name, &[format!("%arg0: {t}")], &[(r, t)])
+            m.module(
+                &format!("{name}_baseline"),
+                &[format!("%arg0: {t}")],
+                &[(r, t)],
+            )
         }
         "rms_norm" | "layer_norm" => {
             let c = NormConfig::from_params(p)?;
@@ -204,33 +91,33 @@ pub fn module(name: &str, p: &Params) -> Result<Option<String>, kernels::BoxErro
                 ty(DType::F32, &[c.rows]),
             );
             let mut x = m.convert("%arg0", &t, &tf);
-            let inv_n = m.constant(&tr, 1.0 / c.cols as f64);
+            let inv_n = m.constant(DType::F32, &[c.rows], 1.0 / c.cols as f64);
             if name == "layer_norm" {
-                let s = m.reduce("add", &x, &tf, &[1], &tr);
-                let mean = m.bin("multiply", &s, &inv_n, &tr);
+                let s = reduce(&mut m, "add", &x, &[c.rows, c.cols], &[1]);
+                let mean = m.binary("multiply", &s, &inv_n, &tr);
                 let mb = m.broadcast(&mean, &tr, &[0], &tf);
-                x = m.bin("subtract", &x, &mb, &tf);
+                x = m.binary("subtract", &x, &mb, &tf);
             }
-            let sq = m.bin("multiply", &x, &x, &tf);
-            let ss = m.reduce("add", &sq, &tf, &[1], &tr);
-            let var = m.bin("multiply", &ss, &inv_n, &tr);
-            let eps = m.constant(&tr, c.eps);
-            let ve = m.bin("add", &var, &eps, &tr);
-            let inv = m.un("rsqrt", &ve, &tr);
+            let sq = m.binary("multiply", &x, &x, &tf);
+            let ss = reduce(&mut m, "add", &sq, &[c.rows, c.cols], &[1]);
+            let var = m.binary("multiply", &ss, &inv_n, &tr);
+            let eps = m.constant(DType::F32, &[c.rows], c.eps);
+            let ve = m.binary("add", &var, &eps, &tr);
+            let inv = m.unary("rsqrt", &ve, &tr);
             let ib = m.broadcast(&inv, &tr, &[0], &tf);
-            let y = m.bin("multiply", &x, &ib, &tf);
+            let y = m.binary("multiply", &x, &ib, &tf);
             let w = m.convert("%arg1", &v, &vf);
             let wb = m.broadcast(&w, &vf, &[1], &tf);
-            let mut y = m.bin("multiply", &y, &wb, &tf);
+            let mut y = m.binary("multiply", &y, &wb, &tf);
             let mut params = vec![format!("%arg0: {t}"), format!("%arg1: {v}")];
             if name == "layer_norm" {
                 let b = m.convert("%arg2", &v, &vf);
                 let bb = m.broadcast(&b, &vf, &[1], &tf);
-                y = m.bin("add", &y, &bb, &tf);
+                y = m.binary("add", &y, &bb, &tf);
                 params.push(format!("%arg2: {v}"));
             }
             let r = m.convert(&y, &tf, &t);
-            m.finish(name, &params, &[(r, t)])
+            m.module(&format!("{name}_baseline"), &params, &[(r, t)])
         }
         "swiglu" => {
             let c = SwigluConfig::from_params(p)?;
@@ -240,11 +127,11 @@ pub fn module(name: &str, p: &Params) -> Result<Option<String>, kernels::BoxErro
             );
             let a = m.convert("%arg0", &t, &tf);
             let b = m.convert("%arg1", &t, &tf);
-            let s = m.un("logistic", &a, &tf);
-            let y = m.bin("multiply", &a, &s, &tf);
-            let y = m.bin("multiply", &y, &b, &tf);
+            let s = m.unary("logistic", &a, &tf);
+            let y = m.binary("multiply", &a, &s, &tf);
+            let y = m.binary("multiply", &y, &b, &tf);
             let r = m.convert(&y, &tf, &t);
-            m.finish(
+            m.module(
                 name,
                 &[format!("%arg0: {t}"), format!("%arg1: {t}")],
                 &[(r, t)],
@@ -266,15 +153,15 @@ pub fn module(name: &str, p: &Params) -> Result<Option<String>, kernels::BoxErro
                     let hshape = [c.batch, c.heads, c.seq, half];
                     let attrs = format!(
                         "start_indices = {}, limit_indices = {}, strides = {}",
-                        dims(&[0, 0, 0, lo]),
-                        dims(&[c.batch, c.heads, c.seq, lo + half]),
-                        dims(&[1, 1, 1, 1])
+                        dims([0, 0, 0, lo]),
+                        dims([c.batch, c.heads, c.seq, lo + half]),
+                        dims([1, 1, 1, 1])
                     );
                     m.op("slice", &[(&x, &tf)], &attrs, &ty(DType::F32, &hshape))
                 })
                 .collect();
             let ht = ty(DType::F32, &[c.batch, c.heads, c.seq, half]);
-            let neg = m.un("negate", &halves[1], &ht);
+            let neg = m.unary("negate", &halves[1], &ht);
             let rotated = m.op(
                 "concatenate",
                 &[(&neg, &ht), (&halves[0], &ht)],
@@ -285,11 +172,11 @@ pub fn module(name: &str, p: &Params) -> Result<Option<String>, kernels::BoxErro
             let sin = m.convert("%arg2", &tab, &tabf);
             let cb = m.broadcast(&cos, &tabf, &[2, 3], &tf);
             let sb = m.broadcast(&sin, &tabf, &[2, 3], &tf);
-            let a = m.bin("multiply", &x, &cb, &tf);
-            let b = m.bin("multiply", &rotated, &sb, &tf);
-            let y = m.bin("add", &a, &b, &tf);
+            let a = m.binary("multiply", &x, &cb, &tf);
+            let b = m.binary("multiply", &rotated, &sb, &tf);
+            let y = m.binary("add", &a, &b, &tf);
             let r = m.convert(&y, &tf, &t);
-            m.finish(
+            m.module(
                 name,
                 &[
                     format!("%arg0: {t}"),
@@ -319,11 +206,12 @@ pub fn module(name: &str, p: &Params) -> Result<Option<String>, kernels::BoxErro
                 let e = m.broadcast(&x, &kf, &[0, 1, 3, 4], &expanded);
                 kv.push(m.op("reshape", &[(&e, &expanded)], "", &full_kv));
             }
-            let st = ty(DType::F32, &[c.batch, c.heads, c.q_len, c.kv_len]);
+            let scores = [c.batch, c.heads, c.q_len, c.kv_len];
+            let st = ty(DType::F32, &scores);
             let attrs = "dot_dimension_numbers = #stablehlo.dot<lhs_batching_dimensions = [0, 1], rhs_batching_dimensions = [0, 1], lhs_contracting_dimensions = [3], rhs_contracting_dimensions = [3]>";
             let s = m.op("dot_general", &[(&q, &qf), (&kv[0], &full_kv)], attrs, &st);
-            let scale = m.constant(&st, c.scale);
-            let mut s = m.bin("multiply", &s, &scale, &st);
+            let scale = m.constant(DType::F32, &scores, c.scale);
+            let mut s = m.binary("multiply", &s, &scale, &st);
             if c.causal {
                 let it = ty(DType::I32, &[c.batch, c.heads, c.q_len, c.kv_len]);
                 let qi = m.op("iota", &[], "iota_dimension = 2 : i64", &it);
@@ -335,7 +223,7 @@ pub fn module(name: &str, p: &Params) -> Result<Option<String>, kernels::BoxErro
                     "comparison_direction = #stablehlo<comparison_direction LE>",
                     &bt,
                 );
-                let masked = m.constant(&st, -1e30);
+                let masked = m.constant(DType::F32, &scores, -1e30);
                 s = m.op(
                     "select",
                     &[(&visible, &bt), (&s, &st), (&masked, &st)],
@@ -344,21 +232,21 @@ pub fn module(name: &str, p: &Params) -> Result<Option<String>, kernels::BoxErro
                 );
             }
             let rows = ty(DType::F32, &[c.batch, c.heads, c.q_len]);
-            let mx = m.reduce("maximum", &s, &st, &[3], &rows);
+            let mx = reduce(&mut m, "maximum", &s, &scores, &[3]);
             let mxb = m.broadcast(&mx, &rows, &[0, 1, 2], &st);
-            let sh = m.bin("subtract", &s, &mxb, &st);
-            let e = m.un("exponential", &sh, &st);
-            let l = m.reduce("add", &e, &st, &[3], &rows);
+            let sh = m.binary("subtract", &s, &mxb, &st);
+            let e = m.unary("exponential", &sh, &st);
+            let l = reduce(&mut m, "add", &e, &scores, &[3]);
             let lb = m.broadcast(&l, &rows, &[0, 1, 2], &st);
-            let pr = m.bin("divide", &e, &lb, &st);
+            let pr = m.binary("divide", &e, &lb, &st);
             let attrs = "dot_dimension_numbers = #stablehlo.dot<lhs_batching_dimensions = [0, 1], rhs_batching_dimensions = [0, 1], lhs_contracting_dimensions = [3], rhs_contracting_dimensions = [2]>";
             let o = m.op("dot_general", &[(&pr, &st), (&kv[1], &full_kv)], attrs, &qf);
             let o = m.convert(&o, &qf, &qt);
-            let logl = m.un("log", &l, &rows);
-            let lse = m.bin("add", &mx, &logl, &rows);
+            let logl = m.unary("log", &l, &rows);
+            let lse = m.binary("add", &mx, &logl, &rows);
             let lse_t = ty(DType::F32, &[c.batch, c.heads, c.q_len, 1]);
             let lse = m.op("reshape", &[(&lse, &rows)], "", &lse_t);
-            m.finish(
+            m.module(
                 name,
                 &[
                     format!("%arg0: {qt}"),

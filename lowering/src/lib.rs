@@ -3,6 +3,7 @@
 //! get their modules here as their issues land. The interpreter in `kernel-ir` defines
 //! the semantics every lowering must match.
 
+pub mod hlo;
 pub mod mosaic;
 pub mod stablehlo;
 mod text;

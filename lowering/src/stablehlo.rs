@@ -14,9 +14,8 @@
 //! * bf16/f16 reductions and dots compute in f32, as the interpreter does.
 
 use std::collections::HashMap;
-use std::fmt::Write;
 
-use crate::text::{element_type as elem, literal, Writer};
+use crate::hlo::{i64_array, tensor as tty, tensor_type as ty_of, HloBuilder};
 use kernel_ir::{
     BinaryOp, BlockDim, CmpPred, DType, Index, IndexBinOp, IndexExpr, Kernel, Literal, Op, OpKind,
     ReduceOp, RefKind, Region, Start, TensorType, UnaryOp, Value,
@@ -29,29 +28,6 @@ pub fn lower(kernel: &Kernel) -> String {
     e.module()
 }
 
-fn ty_of(dtype: DType, shape: &[u64]) -> String {
-    let mut s = String::from("tensor<");
-    for d in shape {
-        let _ = write!(s, "{d}x");
-    }
-    s.push_str(elem(dtype));
-    s.push('>');
-    s
-}
-
-fn tty(t: &TensorType) -> String {
-    ty_of(t.dtype, &t.shape)
-}
-
-fn i64_array(v: impl IntoIterator<Item = u64>) -> String {
-    let items: Vec<String> = v.into_iter().map(|x| x.to_string()).collect();
-    if items.is_empty() {
-        "array<i64>".into()
-    } else {
-        format!("array<i64: {}>", items.join(", "))
-    }
-}
-
 /// Where one array dimension of a load/store window starts and how long it is.
 struct DimWindow {
     start: String,
@@ -60,7 +36,7 @@ struct DimWindow {
 
 struct Emitter<'k> {
     k: &'k Kernel,
-    w: Writer,
+    b: HloBuilder,
     values: HashMap<Value, String>,
     /// Current version of each ref's (padded) array, by ref index; inputs never change.
     arrays: Vec<String>,
@@ -90,7 +66,7 @@ impl<'k> Emitter<'k> {
             .collect();
         Emitter {
             k,
-            w: Writer::new("v", 2),
+            b: HloBuilder::default(),
             values: HashMap::new(),
             arrays: vec![String::new(); k.refs.len()],
             padded,
@@ -100,36 +76,19 @@ impl<'k> Emitter<'k> {
     }
 
     fn fresh(&mut self) -> String {
-        self.w.fresh()
+        self.b.fresh()
     }
 
     fn line(&mut self, s: &str) {
-        self.w.line(s)
+        self.b.line(s)
     }
 
-    /// Emits `name = "op"(operands) {attrs} : (operand types) -> result type`.
     fn op(&mut self, name: &str, operands: &[(&str, &str)], attrs: &str, result: &str) -> String {
-        let r = self.fresh();
-        let names: Vec<&str> = operands.iter().map(|o| o.0).collect();
-        let types: Vec<&str> = operands.iter().map(|o| o.1).collect();
-        let attrs = if attrs.is_empty() {
-            String::new()
-        } else {
-            format!(" {{{attrs}}}")
-        };
-        let text = format!(
-            "{r} = \"stablehlo.{name}\"({}){attrs} : ({}) -> {result}",
-            names.join(", "),
-            types.join(", ")
-        );
-        self.line(&text);
-        r
+        self.b.op(name, operands, attrs, result)
     }
 
     fn constant(&mut self, dtype: DType, shape: &[u64], value: f64) -> String {
-        let t = ty_of(dtype, shape);
-        let attr = format!("value = dense<{}> : {t}", literal(dtype, value));
-        self.op("constant", &[], &attr, &t)
+        self.b.constant(dtype, shape, value)
     }
 
     fn index_const(&mut self, v: i64) -> String {
@@ -137,26 +96,11 @@ impl<'k> Emitter<'k> {
     }
 
     fn binary_raw(&mut self, name: &str, a: &str, b: &str, t: &str) -> String {
-        self.op(name, &[(a, t), (b, t)], "", t)
+        self.b.binary(name, a, b, t)
     }
 
     fn compare(&mut self, dir: &str, a: &str, b: &str, dtype: DType, shape: &[u64]) -> String {
-        let t = ty_of(dtype, shape);
-        let kind = match dtype {
-            DType::I32 => "SIGNED",
-            DType::Bool => "UNSIGNED",
-            _ => "FLOAT",
-        };
-        let attrs = format!(
-            "comparison_direction = #stablehlo<comparison_direction {dir}>, \
-             compare_type = #stablehlo<comparison_type {kind}>"
-        );
-        self.op(
-            "compare",
-            &[(a, &t), (b, &t)],
-            &attrs,
-            &ty_of(DType::Bool, shape),
-        )
+        self.b.compare(dir, a, b, dtype, shape)
     }
 
     /// Integer division and remainder rounded toward negative infinity.
@@ -186,10 +130,7 @@ impl<'k> Emitter<'k> {
     }
 
     fn convert(&mut self, x: &str, from: &TensorType, to: DType) -> String {
-        if from.dtype == to {
-            return x.to_string();
-        }
-        self.op("convert", &[(x, &tty(from))], "", &ty_of(to, &from.shape))
+        self.b.convert(x, &tty(from), &ty_of(to, &from.shape))
     }
 
     fn reshape(&mut self, x: &str, dtype: DType, from: &[u64], to: &[u64]) -> String {
@@ -299,18 +240,8 @@ impl<'k> Emitter<'k> {
             };
             returned.push(v);
         }
-        self.line(&format!(
-            "\"func.return\"({}) : ({}) -> ()",
-            returned.join(", "),
-            results.join(", ")
-        ));
-        format!(
-            "module @{name} {{\n  func.func public @main({params}) -> ({results}) {{\n{body}  }}\n}}\n",
-            name = k.name,
-            params = params.join(", "),
-            results = results.join(", "),
-            body = self.w.take()
-        )
+        let results: Vec<(String, String)> = returned.into_iter().zip(results).collect();
+        std::mem::take(&mut self.b).module(&k.name, &params, &results)
     }
 
     /// Runs the body once per program: inline for a single program, else a `while` over
@@ -385,10 +316,10 @@ impl<'k> Emitter<'k> {
             .map(|(a, t)| format!("{a}: {t}"))
             .collect();
         self.line(&format!("^bb0({}):", decl.join(", ")));
-        self.w.indent += 1;
+        self.b.w.indent += 1;
         let c = self.compare("LT", &cond_args[0], limit, DType::I32, &[]);
         self.line(&format!("\"stablehlo.return\"({c}) : (tensor<i1>) -> ()"));
-        self.w.indent -= 1;
+        self.b.w.indent -= 1;
         self.line("}, {");
         let body_args: Vec<String> = (0..n).map(|_| self.fresh()).collect();
         let decl: Vec<String> = body_args
@@ -397,13 +328,13 @@ impl<'k> Emitter<'k> {
             .map(|(a, t)| format!("{a}: {t}"))
             .collect();
         self.line(&format!("^bb0({}):", decl.join(", ")));
-        self.w.indent += 1;
+        self.b.w.indent += 1;
         let next = body(self, &body_args);
         self.line(&format!(
             "\"stablehlo.return\"({}) : ({sig}) -> ()",
             next.join(", ")
         ));
-        self.w.indent -= 1;
+        self.b.w.indent -= 1;
         self.line(&format!("}}) : ({sig}) -> ({sig})"));
         (0..n).map(|i| format!("{r}#{i}")).collect()
     }
@@ -736,30 +667,19 @@ impl<'k> Emitter<'k> {
                     (ReduceOp::Max, _) => f64::NEG_INFINITY,
                     (ReduceOp::Min, _) => f64::INFINITY,
                 };
-                let init = self.constant(acc, &[], init_value);
                 let out_t = result_ty(0);
-                let out_acc = ty_of(acc, &out_t.shape);
-                let st = ty_of(acc, &[]);
-                let res = self.fresh();
-                self.line(&format!(
-                    "{res} = \"stablehlo.reduce\"({input}, {init}) ({{"
-                ));
-                let (a, b) = (self.fresh(), self.fresh());
-                self.line(&format!("^bb0({a}: {st}, {b}: {st}):"));
-                self.w.indent += 1;
                 let combine = match r {
                     ReduceOp::Sum => "add",
                     ReduceOp::Max => "maximum",
                     ReduceOp::Min => "minimum",
                 };
-                let c = self.binary_raw(combine, &a, &b, &st);
-                self.line(&format!("\"stablehlo.return\"({c}) : ({st}) -> ()"));
-                self.w.indent -= 1;
-                self.line(&format!(
-                    "}}) {{dimensions = {}}} : ({}, {st}) -> {out_acc}",
-                    i64_array(axes.iter().map(|&a| a as u64)),
-                    ty_of(acc, &xt.shape)
-                ));
+                let res = self.b.reduce(
+                    combine,
+                    &input,
+                    &TensorType::new(acc, xt.shape.clone()),
+                    init_value,
+                    &axes.iter().map(|&a| a as u64).collect::<Vec<_>>(),
+                );
                 self.convert(
                     &res,
                     &TensorType::new(acc, out_t.shape.clone()),
@@ -850,7 +770,7 @@ impl<'k> Emitter<'k> {
                     if which == 1 {
                         self.line("}, {");
                     }
-                    self.w.indent += 1;
+                    self.b.w.indent += 1;
                     for (slot, &i) in writable.iter().enumerate() {
                         self.arrays[i] = before[slot].clone();
                     }
@@ -861,7 +781,7 @@ impl<'k> Emitter<'k> {
                         out.join(", "),
                         types.join(", ")
                     ));
-                    self.w.indent -= 1;
+                    self.b.w.indent -= 1;
                 }
                 self.line(&format!("}}) : (tensor<i1>) -> ({})", types.join(", ")));
                 for (i, &res) in op.results.iter().enumerate() {
