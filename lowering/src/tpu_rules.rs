@@ -5,13 +5,14 @@
 //!   divisible by 8 and 128 respectively, or equal the array's dims (squeezed dims
 //!   count as 1); a rank-1 block must equal the array, be a multiple of 1024, or be a
 //!   power of two of at least 128 lanes' worth of elements.
-//! * Dtypes: f32, bf16, i32 and bool; f16 arithmetic is not supported by Mosaic.
+//! * Dtypes: f32, bf16, i32 and bool; f16 is not supported by Mosaic, and the matrix
+//!   unit (`tpu.matmul`) takes f32 or bf16 operands only.
 //! * VMEM: every input and output block is double-buffered; blocks plus scratch must fit
 //!   the scoped VMEM limit.
 
 use std::fmt;
 
-use kernel_ir::{BlockDim, DType, Kernel, MemorySpace};
+use kernel_ir::{BlockDim, DType, Kernel, MemorySpace, Op, OpKind, Region};
 
 /// Limits of the target TPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,8 +59,32 @@ fn fitting(n: u64, m: u64, limit: u64) -> u64 {
     }
 }
 
+/// The first op whose operand dtypes the TPU cannot take, with the reason.
+fn unsupported_op(kernel: &Kernel, region: &Region) -> Option<(String, String)> {
+    region.ops.iter().find_map(|op: &Op| match &op.kind {
+        OpKind::Dot { lhs, .. }
+            if !matches!(kernel.type_of(*lhs).dtype, DType::F32 | DType::BF16) =>
+        {
+            Some((
+                format!("dot of {}", kernel.type_of(*lhs)),
+                "tpu.matmul takes f32 or bf16 operands: cast them first".to_string(),
+            ))
+        }
+        OpKind::For { body, .. } => unsupported_op(kernel, body),
+        OpKind::If {
+            then_region,
+            else_region,
+            ..
+        } => unsupported_op(kernel, then_region).or_else(|| unsupported_op(kernel, else_region)),
+        _ => None,
+    })
+}
+
 /// Checks every rule; the first broken one is returned.
 pub fn check(kernel: &Kernel, limits: &TpuLimits) -> Result<(), TpuRuleError> {
+    if let Some((operand, message)) = unsupported_op(kernel, &kernel.body) {
+        return Err(TpuRuleError { operand, message });
+    }
     let mut vmem = 0u64;
     for r in &kernel.refs {
         let operand = format!("{} %{}", r.kind.keyword(), r.name);

@@ -164,6 +164,27 @@ fn tpu_rules_name_the_operand_dim_rule_and_a_fix() {
         e.contains("`kernel @matmul`") && e.contains("over the limit of 1048576 bytes"),
         "{e}"
     );
+    let int_dot = kernel_ir::dsl::pallas_call(|x: kernel_ir::dsl::Ref, o: kernel_ir::dsl::Ref| {
+        o.write(x.read().dot(x.read()))
+    })
+    .grid([1])
+    .input(
+        kernel_ir::TensorType::new(kernel_ir::DType::I32, [8, 8]),
+        kernel_ir::dsl::block_spec([8, 8], |_| vec![0.into(), 0.into()]),
+    )
+    .output(
+        kernel_ir::TensorType::new(kernel_ir::DType::I32, [8, 8]),
+        kernel_ir::dsl::block_spec([8, 8], |_| vec![0.into(), 0.into()]),
+    )
+    .build()
+    .unwrap();
+    let e = check(&int_dot, &TpuLimits::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("`dot of i32[8, 8]`") && e.contains("f32 or bf16 operands"),
+        "{e}"
+    );
     // Whole-array last dims are always allowed.
     assert!(check_passes("rms_norm", "rows=16,cols=300,block_rows=8"));
 }
