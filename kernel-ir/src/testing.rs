@@ -49,7 +49,7 @@ pub fn op_zoo() -> Kernel {
     .output(f, spec([8, 8]))
     .output(i, spec([8, 8]))
     .build()
-    .unwrap()
+    .expect("the op zoo verifies")
 }
 
 /// Deterministic inputs for [`op_zoo`], with negative integers.
