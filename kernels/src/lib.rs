@@ -52,20 +52,79 @@ pub trait LibraryKernel: Sync {
     /// Deterministic random inputs.
     fn inputs(&self, p: &Params, seed: u64) -> Result<Vec<Array>, BoxError>;
     /// Runs the op's kernels with `exec` and returns its outputs.
-    fn run(&self, p: &Params, inputs: &[Array], exec: &mut Exec) -> Result<Vec<Array>, BoxError> {
-        let kernels = self.build(p)?;
-        let mut outputs = Vec::new();
-        for k in &kernels {
-            outputs = exec(k, inputs)?;
-        }
-        Ok(outputs)
-    }
+    fn run(&self, p: &Params, inputs: &[Array], exec: &mut Exec) -> Result<Vec<Array>, BoxError>;
     /// The expected outputs, computed plainly in f64.
     fn reference(&self, p: &Params, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError>;
     /// Allowed error, justified by the dtype.
     fn tolerance(&self, p: &Params) -> Tolerance;
     /// Floating-point operations of one call (for GFLOP/s), 0 if not meaningful.
     fn flops(&self, p: &Params) -> f64;
+}
+
+/// A library kernel written against its own parsed configuration. Every `Op` is a
+/// [`LibraryKernel`]; the parameters are parsed once per call into `Config`.
+pub trait Op: Sync {
+    /// The parsed parameters.
+    type Config;
+    /// The name used by the CLI and the Python ops.
+    const NAME: &'static str;
+    /// One line on what it computes.
+    const SUMMARY: &'static str;
+    /// The parameters it takes, with defaults.
+    const PARAMS: &'static [ParamDef];
+    /// Parses and validates the parameters.
+    fn config(p: &Params) -> Result<Self::Config, BoxError>;
+    /// The kernels this op runs, in order.
+    fn build(c: &Self::Config) -> Result<Vec<Kernel>, BoxError>;
+    /// Deterministic random inputs.
+    fn inputs(c: &Self::Config, seed: u64) -> Result<Vec<Array>, BoxError>;
+    /// Runs the op's kernels with `exec` (by default each on the op's inputs, returning
+    /// the last kernel's outputs).
+    fn run(c: &Self::Config, inputs: &[Array], exec: &mut Exec) -> Result<Vec<Array>, BoxError> {
+        let mut outputs = Vec::new();
+        for k in &Self::build(c)? {
+            outputs = exec(k, inputs)?;
+        }
+        Ok(outputs)
+    }
+    /// The expected outputs, computed plainly in f64.
+    fn reference(c: &Self::Config, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError>;
+    /// Allowed error, justified by the dtype.
+    fn tolerance(c: &Self::Config) -> Tolerance;
+    /// Floating-point operations of one call.
+    fn flops(c: &Self::Config) -> f64;
+}
+
+impl<T: Op> LibraryKernel for T {
+    fn name(&self) -> &'static str {
+        T::NAME
+    }
+    fn summary(&self) -> &'static str {
+        T::SUMMARY
+    }
+    fn params(&self) -> &'static [ParamDef] {
+        T::PARAMS
+    }
+    fn build(&self, p: &Params) -> Result<Vec<Kernel>, BoxError> {
+        T::build(&T::config(p)?)
+    }
+    fn inputs(&self, p: &Params, seed: u64) -> Result<Vec<Array>, BoxError> {
+        T::inputs(&T::config(p)?, seed)
+    }
+    fn run(&self, p: &Params, inputs: &[Array], exec: &mut Exec) -> Result<Vec<Array>, BoxError> {
+        T::run(&T::config(p)?, inputs, exec)
+    }
+    fn reference(&self, p: &Params, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
+        T::reference(&T::config(p)?, inputs)
+    }
+    fn tolerance(&self, p: &Params) -> Tolerance {
+        T::config(p).map_or(common::tolerance_for(kernel_ir::DType::F32, 1), |c| {
+            T::tolerance(&c)
+        })
+    }
+    fn flops(&self, p: &Params) -> f64 {
+        T::config(p).map_or(0.0, |c| T::flops(&c))
+    }
 }
 
 /// Every library kernel, in a stable order.

@@ -6,7 +6,7 @@ use kernel_ir::{Array, DimSemantics};
 use kernel_macros::kernel;
 
 use crate::common::{block, load_tile, pid, random_array, store_tile, tolerance_for};
-use crate::{BoxError, LibraryKernel, ParamDef, Params, Tolerance};
+use crate::{BoxError, Op, ParamDef, Params, Tolerance};
 
 /// Shapes and block sizes of a matmul (block sizes already clamped to the shapes).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -140,28 +140,28 @@ pub fn reference_matmul(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> V
     c
 }
 
-impl LibraryKernel for Matmul {
-    fn name(&self) -> &'static str {
-        "matmul"
+impl Op for Matmul {
+    type Config = MatmulConfig;
+    const NAME: &'static str = "matmul";
+    const SUMMARY: &'static str = "o = x @ y, tiled, f32 accumulation";
+    const PARAMS: &'static [ParamDef] = PARAMS;
+
+    fn config(p: &Params) -> Result<MatmulConfig, BoxError> {
+        MatmulConfig::from_params(p)
     }
-    fn summary(&self) -> &'static str {
-        "o = x @ y, tiled, f32 accumulation"
+
+    fn build(c: &Self::Config) -> Result<Vec<Kernel>, BoxError> {
+        Ok(vec![c.kernel()?])
     }
-    fn params(&self) -> &'static [ParamDef] {
-        PARAMS
-    }
-    fn build(&self, p: &Params) -> Result<Vec<Kernel>, BoxError> {
-        Ok(vec![MatmulConfig::from_params(p)?.kernel()?])
-    }
-    fn inputs(&self, p: &Params, seed: u64) -> Result<Vec<Array>, BoxError> {
-        let c = MatmulConfig::from_params(p)?;
+
+    fn inputs(c: &Self::Config, seed: u64) -> Result<Vec<Array>, BoxError> {
         Ok(vec![
             random_array(c.dtype, &[c.m, c.k], seed, 1.0)?,
             random_array(c.dtype, &[c.k, c.n], seed + 1, 1.0)?,
         ])
     }
-    fn reference(&self, p: &Params, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
-        let c = MatmulConfig::from_params(p)?;
+
+    fn reference(c: &Self::Config, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
         let (a, b) = (inputs[0].to_f64(), inputs[1].to_f64());
         Ok(vec![reference_matmul(
             &a,
@@ -171,12 +171,12 @@ impl LibraryKernel for Matmul {
             c.n as usize,
         )])
     }
-    fn tolerance(&self, p: &Params) -> Tolerance {
-        MatmulConfig::from_params(p).map_or(tolerance_for(DType::F32, 1), |c| {
-            tolerance_for(c.dtype, c.k)
-        })
+
+    fn tolerance(c: &Self::Config) -> Tolerance {
+        tolerance_for(c.dtype, c.k)
     }
-    fn flops(&self, p: &Params) -> f64 {
-        MatmulConfig::from_params(p).map_or(0.0, |c| 2.0 * (c.m * c.k * c.n) as f64)
+
+    fn flops(c: &Self::Config) -> f64 {
+        2.0 * (c.m * c.k * c.n) as f64
     }
 }

@@ -6,7 +6,7 @@ use kernel_macros::kernel;
 
 use crate::common::{block, load_tile, pid, random_array, store_tile, tolerance_for, zero};
 use crate::softmax::ROW_PARAMS;
-use crate::{BoxError, LibraryKernel, ParamDef, Params, Tolerance};
+use crate::{BoxError, Op, ParamDef, Params, Tolerance};
 
 /// Shape, blocking and epsilon of a norm.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -135,7 +135,7 @@ impl NormConfig {
 }
 
 /// Reference norm: `scale_shift(row, normalised row) -> output row`.
-fn reference_norm(inputs: &[Array], c: NormConfig, center: bool) -> Vec<f64> {
+fn reference_norm(inputs: &[Array], c: &NormConfig, center: bool) -> Vec<f64> {
     let x = inputs[0].to_f64();
     let w = inputs[1].to_f64();
     let b = inputs.get(2).map(Array::to_f64);
@@ -159,71 +159,69 @@ fn reference_norm(inputs: &[Array], c: NormConfig, center: bool) -> Vec<f64> {
 /// RMSNorm with a learned scale.
 pub struct RmsNorm;
 
-impl LibraryKernel for RmsNorm {
-    fn name(&self) -> &'static str {
-        "rms_norm"
+impl Op for RmsNorm {
+    type Config = NormConfig;
+    const NAME: &'static str = "rms_norm";
+    const SUMMARY: &'static str = "x / sqrt(mean(x^2) + eps) * w over the last axis";
+    const PARAMS: &'static [ParamDef] = NORM_PARAMS;
+
+    fn config(p: &Params) -> Result<NormConfig, BoxError> {
+        NormConfig::from_params(p)
     }
-    fn summary(&self) -> &'static str {
-        "x / sqrt(mean(x^2) + eps) * w over the last axis"
-    }
-    fn params(&self) -> &'static [ParamDef] {
-        NORM_PARAMS
-    }
-    fn build(&self, p: &Params) -> Result<Vec<Kernel>, BoxError> {
-        let c = NormConfig::from_params(p)?;
+
+    fn build(c: &Self::Config) -> Result<Vec<Kernel>, BoxError> {
+        let c = *c;
         Ok(vec![c.call(move |x, w, o| rms_norm(x, w, o, c), 1)?])
     }
-    fn inputs(&self, p: &Params, seed: u64) -> Result<Vec<Array>, BoxError> {
-        NormConfig::from_params(p)?.inputs(1, seed)
+
+    fn inputs(c: &Self::Config, seed: u64) -> Result<Vec<Array>, BoxError> {
+        c.inputs(1, seed)
     }
-    fn reference(&self, p: &Params, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
-        Ok(vec![reference_norm(
-            inputs,
-            NormConfig::from_params(p)?,
-            false,
-        )])
+
+    fn reference(c: &Self::Config, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
+        Ok(vec![reference_norm(inputs, c, false)])
     }
-    fn tolerance(&self, p: &Params) -> Tolerance {
-        NormConfig::from_params(p)
-            .map_or(tolerance_for(DType::F32, 1), |c| tolerance_for(c.dtype, 4))
+
+    fn tolerance(c: &Self::Config) -> Tolerance {
+        tolerance_for(c.dtype, 4)
     }
-    fn flops(&self, p: &Params) -> f64 {
-        NormConfig::from_params(p).map_or(0.0, |c| 4.0 * (c.rows * c.cols) as f64)
+
+    fn flops(c: &Self::Config) -> f64 {
+        4.0 * (c.rows * c.cols) as f64
     }
 }
 
 /// LayerNorm with a learned scale and shift.
 pub struct LayerNorm;
 
-impl LibraryKernel for LayerNorm {
-    fn name(&self) -> &'static str {
-        "layer_norm"
+impl Op for LayerNorm {
+    type Config = NormConfig;
+    const NAME: &'static str = "layer_norm";
+    const SUMMARY: &'static str = "(x - mean) / sqrt(var + eps) * w + b over the last axis";
+    const PARAMS: &'static [ParamDef] = NORM_PARAMS;
+
+    fn config(p: &Params) -> Result<NormConfig, BoxError> {
+        NormConfig::from_params(p)
     }
-    fn summary(&self) -> &'static str {
-        "(x - mean) / sqrt(var + eps) * w + b over the last axis"
-    }
-    fn params(&self) -> &'static [ParamDef] {
-        NORM_PARAMS
-    }
-    fn build(&self, p: &Params) -> Result<Vec<Kernel>, BoxError> {
-        let c = NormConfig::from_params(p)?;
+
+    fn build(c: &Self::Config) -> Result<Vec<Kernel>, BoxError> {
+        let c = *c;
         Ok(vec![c.call(move |x, w, b, o| layer_norm(x, w, b, o, c), 2)?])
     }
-    fn inputs(&self, p: &Params, seed: u64) -> Result<Vec<Array>, BoxError> {
-        NormConfig::from_params(p)?.inputs(2, seed)
+
+    fn inputs(c: &Self::Config, seed: u64) -> Result<Vec<Array>, BoxError> {
+        c.inputs(2, seed)
     }
-    fn reference(&self, p: &Params, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
-        Ok(vec![reference_norm(
-            inputs,
-            NormConfig::from_params(p)?,
-            true,
-        )])
+
+    fn reference(c: &Self::Config, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
+        Ok(vec![reference_norm(inputs, c, true)])
     }
-    fn tolerance(&self, p: &Params) -> Tolerance {
-        NormConfig::from_params(p)
-            .map_or(tolerance_for(DType::F32, 1), |c| tolerance_for(c.dtype, 4))
+
+    fn tolerance(c: &Self::Config) -> Tolerance {
+        tolerance_for(c.dtype, 4)
     }
-    fn flops(&self, p: &Params) -> f64 {
-        NormConfig::from_params(p).map_or(0.0, |c| 7.0 * (c.rows * c.cols) as f64)
+
+    fn flops(c: &Self::Config) -> f64 {
+        7.0 * (c.rows * c.cols) as f64
     }
 }

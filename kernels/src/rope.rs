@@ -6,7 +6,7 @@ use kernel_ir::Array;
 use kernel_macros::{kernel, kernel_fn};
 
 use crate::common::{block, pid, random_array, rows_below, tolerance_for, zero};
-use crate::{BoxError, LibraryKernel, ParamDef, Params, Tolerance};
+use crate::{BoxError, Op, ParamDef, Params, Tolerance};
 
 /// Shapes of a RoPE call: x is `[batch, heads, seq, head_dim]`, cos/sin `[seq, head_dim]`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -163,21 +163,22 @@ const PARAMS: &[ParamDef] = &[
 /// Rotary embedding of `[batch, heads, seq, head_dim]` activations.
 pub struct Rope;
 
-impl LibraryKernel for Rope {
-    fn name(&self) -> &'static str {
-        "rope"
+impl Op for Rope {
+    type Config = RopeConfig;
+    const NAME: &'static str = "rope";
+    const SUMMARY: &'static str =
+        "rotary embedding, Llama rotate-half layout, x: [batch, heads, seq, head_dim]";
+    const PARAMS: &'static [ParamDef] = PARAMS;
+
+    fn config(p: &Params) -> Result<RopeConfig, BoxError> {
+        RopeConfig::from_params(p)
     }
-    fn summary(&self) -> &'static str {
-        "rotary embedding, Llama rotate-half layout, x: [batch, heads, seq, head_dim]"
+
+    fn build(c: &Self::Config) -> Result<Vec<Kernel>, BoxError> {
+        Ok(vec![c.kernel()?])
     }
-    fn params(&self) -> &'static [ParamDef] {
-        PARAMS
-    }
-    fn build(&self, p: &Params) -> Result<Vec<Kernel>, BoxError> {
-        Ok(vec![RopeConfig::from_params(p)?.kernel()?])
-    }
-    fn inputs(&self, p: &Params, seed: u64) -> Result<Vec<Array>, BoxError> {
-        let c = RopeConfig::from_params(p)?;
+
+    fn inputs(c: &Self::Config, seed: u64) -> Result<Vec<Array>, BoxError> {
         // Real rotary tables: position t, frequency 10000^(-2i/d).
         let (s, d) = (c.seq as usize, c.head_dim as usize);
         let mut cos = Vec::with_capacity(s * d);
@@ -195,8 +196,8 @@ impl LibraryKernel for Rope {
             Array::from_f32(c.dtype, [c.seq, c.head_dim], sin)?,
         ])
     }
-    fn reference(&self, p: &Params, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
-        let c = RopeConfig::from_params(p)?;
+
+    fn reference(c: &Self::Config, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
         let (x, cos, sin) = (inputs[0].to_f64(), inputs[1].to_f64(), inputs[2].to_f64());
         let (s, d, half) = (c.seq as usize, c.head_dim as usize, c.head_dim as usize / 2);
         let mut out = vec![0.0; x.len()];
@@ -213,13 +214,12 @@ impl LibraryKernel for Rope {
         }
         Ok(vec![out])
     }
-    fn tolerance(&self, p: &Params) -> Tolerance {
-        RopeConfig::from_params(p)
-            .map_or(tolerance_for(DType::F32, 1), |c| tolerance_for(c.dtype, 2))
+
+    fn tolerance(c: &Self::Config) -> Tolerance {
+        tolerance_for(c.dtype, 2)
     }
-    fn flops(&self, p: &Params) -> f64 {
-        RopeConfig::from_params(p).map_or(0.0, |c| {
-            3.0 * (c.batch * c.heads * c.seq * c.head_dim) as f64
-        })
+
+    fn flops(c: &Self::Config) -> f64 {
+        3.0 * (c.batch * c.heads * c.seq * c.head_dim) as f64
     }
 }

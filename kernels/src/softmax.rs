@@ -5,7 +5,7 @@ use kernel_ir::Array;
 use kernel_macros::kernel;
 
 use crate::common::{block, load_tile, pid, random_array, store_tile, tolerance_for, zero};
-use crate::{BoxError, LibraryKernel, ParamDef, Params, Tolerance};
+use crate::{BoxError, Op, ParamDef, Params, Tolerance};
 
 /// Shape and blocking of a row-wise kernel (softmax, norms).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -96,25 +96,25 @@ pub(crate) const ROW_PARAMS: &[ParamDef] = &[
 /// `softmax(x)` along the last axis.
 pub struct Softmax;
 
-impl LibraryKernel for Softmax {
-    fn name(&self) -> &'static str {
-        "softmax"
+impl Op for Softmax {
+    type Config = SoftmaxConfig;
+    const NAME: &'static str = "softmax";
+    const SUMMARY: &'static str = "softmax over the last axis of a [rows, cols] array";
+    const PARAMS: &'static [ParamDef] = ROW_PARAMS;
+
+    fn config(p: &Params) -> Result<SoftmaxConfig, BoxError> {
+        SoftmaxConfig::from_params(p)
     }
-    fn summary(&self) -> &'static str {
-        "softmax over the last axis of a [rows, cols] array"
+
+    fn build(c: &Self::Config) -> Result<Vec<Kernel>, BoxError> {
+        Ok(vec![c.kernel()?])
     }
-    fn params(&self) -> &'static [ParamDef] {
-        ROW_PARAMS
-    }
-    fn build(&self, p: &Params) -> Result<Vec<Kernel>, BoxError> {
-        Ok(vec![SoftmaxConfig::from_params(p)?.kernel()?])
-    }
-    fn inputs(&self, p: &Params, seed: u64) -> Result<Vec<Array>, BoxError> {
-        let c = SoftmaxConfig::from_params(p)?;
+
+    fn inputs(c: &Self::Config, seed: u64) -> Result<Vec<Array>, BoxError> {
         Ok(vec![random_array(c.dtype, &[c.rows, c.cols], seed, 4.0)?])
     }
-    fn reference(&self, p: &Params, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
-        let c = SoftmaxConfig::from_params(p)?;
+
+    fn reference(c: &Self::Config, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
         let x = inputs[0].to_f64();
         let mut out = Vec::with_capacity(x.len());
         for row in x.chunks(c.cols as usize) {
@@ -124,11 +124,12 @@ impl LibraryKernel for Softmax {
         }
         Ok(vec![out])
     }
-    fn tolerance(&self, p: &Params) -> Tolerance {
-        SoftmaxConfig::from_params(p)
-            .map_or(tolerance_for(DType::F32, 1), |c| tolerance_for(c.dtype, 1))
+
+    fn tolerance(c: &Self::Config) -> Tolerance {
+        tolerance_for(c.dtype, 1)
     }
-    fn flops(&self, p: &Params) -> f64 {
-        SoftmaxConfig::from_params(p).map_or(0.0, |c| 5.0 * (c.rows * c.cols) as f64)
+
+    fn flops(c: &Self::Config) -> f64 {
+        5.0 * (c.rows * c.cols) as f64
     }
 }

@@ -5,7 +5,7 @@ use kernel_ir::Array;
 use kernel_macros::kernel;
 
 use crate::common::{block, load_tile, pid, random_array, store_tile, tolerance_for};
-use crate::{BoxError, LibraryKernel, ParamDef, Params, Tolerance};
+use crate::{BoxError, Op, ParamDef, Params, Tolerance};
 
 /// Shape and tiling of a SwiGLU.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -91,27 +91,28 @@ const PARAMS: &[ParamDef] = &[
 /// Fused `silu(a) * b`.
 pub struct Swiglu;
 
-impl LibraryKernel for Swiglu {
-    fn name(&self) -> &'static str {
-        "swiglu"
+impl Op for Swiglu {
+    type Config = SwigluConfig;
+    const NAME: &'static str = "swiglu";
+    const SUMMARY: &'static str = "silu(a) * b, element-wise";
+    const PARAMS: &'static [ParamDef] = PARAMS;
+
+    fn config(p: &Params) -> Result<SwigluConfig, BoxError> {
+        SwigluConfig::from_params(p)
     }
-    fn summary(&self) -> &'static str {
-        "silu(a) * b, element-wise"
+
+    fn build(c: &Self::Config) -> Result<Vec<Kernel>, BoxError> {
+        Ok(vec![c.kernel()?])
     }
-    fn params(&self) -> &'static [ParamDef] {
-        PARAMS
-    }
-    fn build(&self, p: &Params) -> Result<Vec<Kernel>, BoxError> {
-        Ok(vec![SwigluConfig::from_params(p)?.kernel()?])
-    }
-    fn inputs(&self, p: &Params, seed: u64) -> Result<Vec<Array>, BoxError> {
-        let c = SwigluConfig::from_params(p)?;
+
+    fn inputs(c: &Self::Config, seed: u64) -> Result<Vec<Array>, BoxError> {
         Ok(vec![
             random_array(c.dtype, &[c.rows, c.cols], seed, 4.0)?,
             random_array(c.dtype, &[c.rows, c.cols], seed + 1, 2.0)?,
         ])
     }
-    fn reference(&self, _p: &Params, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
+
+    fn reference(_: &Self::Config, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
         let (a, b) = (inputs[0].to_f64(), inputs[1].to_f64());
         Ok(vec![a
             .iter()
@@ -119,11 +120,12 @@ impl LibraryKernel for Swiglu {
             .map(|(x, g)| x / (1.0 + (-x).exp()) * g)
             .collect()])
     }
-    fn tolerance(&self, p: &Params) -> Tolerance {
-        SwigluConfig::from_params(p)
-            .map_or(tolerance_for(DType::F32, 1), |c| tolerance_for(c.dtype, 1))
+
+    fn tolerance(c: &Self::Config) -> Tolerance {
+        tolerance_for(c.dtype, 1)
     }
-    fn flops(&self, p: &Params) -> f64 {
-        SwigluConfig::from_params(p).map_or(0.0, |c| 5.0 * (c.rows * c.cols) as f64)
+
+    fn flops(c: &Self::Config) -> f64 {
+        5.0 * (c.rows * c.cols) as f64
     }
 }

@@ -8,7 +8,7 @@ use kernel_ir::dsl::prelude::*;
 use kernel_ir::{Array, DimSemantics};
 
 use crate::common::{block, pid, random_array, tolerance_for, zero};
-use crate::{BoxError, Exec, LibraryKernel, ParamDef, Params, Tolerance};
+use crate::{BoxError, Exec, Op, ParamDef, Params, Tolerance};
 
 /// Shapes and options of an attention call. q/o are `[batch, heads, q_len, head_dim]`,
 /// k/v `[batch, kv_heads, kv_len, head_dim]`; query head `h` reads kv head
@@ -361,46 +361,46 @@ pub fn reference_backward(
 /// FlashAttention forward: `(q, k, v) -> (o, lse)`.
 pub struct FlashAttention;
 
-impl LibraryKernel for FlashAttention {
-    fn name(&self) -> &'static str {
-        "flash_attention"
+impl Op for FlashAttention {
+    type Config = AttentionConfig;
+    const NAME: &'static str = "flash_attention";
+    const SUMMARY: &'static str =
+        "softmax(q k^T * scale) v with causal, GQA and ragged lengths; also returns lse";
+    const PARAMS: &'static [ParamDef] = PARAMS;
+
+    fn config(p: &Params) -> Result<AttentionConfig, BoxError> {
+        AttentionConfig::from_params(p)
     }
-    fn summary(&self) -> &'static str {
-        "softmax(q k^T * scale) v with causal, GQA and ragged lengths; also returns lse"
+
+    fn build(c: &Self::Config) -> Result<Vec<Kernel>, BoxError> {
+        Ok(vec![c.forward()?])
     }
-    fn params(&self) -> &'static [ParamDef] {
-        PARAMS
+
+    fn inputs(c: &Self::Config, seed: u64) -> Result<Vec<Array>, BoxError> {
+        c.qkv(seed)
     }
-    fn build(&self, p: &Params) -> Result<Vec<Kernel>, BoxError> {
-        Ok(vec![AttentionConfig::from_params(p)?.forward()?])
-    }
-    fn inputs(&self, p: &Params, seed: u64) -> Result<Vec<Array>, BoxError> {
-        AttentionConfig::from_params(p)?.qkv(seed)
-    }
-    fn reference(&self, p: &Params, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
-        let c = AttentionConfig::from_params(p)?;
+
+    fn reference(c: &Self::Config, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
         let (o, lse, _) = reference_forward(
-            &c,
+            c,
             &inputs[0].to_f64(),
             &inputs[1].to_f64(),
             &inputs[2].to_f64(),
         );
         Ok(vec![o, lse])
     }
-    fn tolerance(&self, p: &Params) -> Tolerance {
-        AttentionConfig::from_params(p).map_or(tolerance_for(DType::F32, 1), |c| {
-            tolerance_for(c.dtype, c.head_dim)
-        })
+
+    fn tolerance(c: &Self::Config) -> Tolerance {
+        tolerance_for(c.dtype, c.head_dim)
     }
-    fn flops(&self, p: &Params) -> f64 {
-        AttentionConfig::from_params(p).map_or(0.0, |c| {
-            let full = 4.0 * (c.batch * c.heads * c.q_len * c.kv_len * c.head_dim) as f64;
-            if c.causal {
-                full / 2.0
-            } else {
-                full
-            }
-        })
+
+    fn flops(c: &Self::Config) -> f64 {
+        let full = 4.0 * (c.batch * c.heads * c.q_len * c.kv_len * c.head_dim) as f64;
+        if c.causal {
+            full / 2.0
+        } else {
+            full
+        }
     }
 }
 
@@ -408,18 +408,18 @@ impl LibraryKernel for FlashAttention {
 /// and `lse`, then the delta, dq and dk/dv kernels.
 pub struct FlashAttentionBwd;
 
-impl LibraryKernel for FlashAttentionBwd {
-    fn name(&self) -> &'static str {
-        "flash_attention_bwd"
+impl Op for FlashAttentionBwd {
+    type Config = AttentionConfig;
+    const NAME: &'static str = "flash_attention_bwd";
+    const SUMMARY: &'static str =
+        "gradients (dq, dk, dv) of flash_attention for an output gradient do";
+    const PARAMS: &'static [ParamDef] = PARAMS;
+
+    fn config(p: &Params) -> Result<AttentionConfig, BoxError> {
+        AttentionConfig::from_params(p)
     }
-    fn summary(&self) -> &'static str {
-        "gradients (dq, dk, dv) of flash_attention for an output gradient do"
-    }
-    fn params(&self) -> &'static [ParamDef] {
-        PARAMS
-    }
-    fn build(&self, p: &Params) -> Result<Vec<Kernel>, BoxError> {
-        let c = AttentionConfig::from_params(p)?;
+
+    fn build(c: &Self::Config) -> Result<Vec<Kernel>, BoxError> {
         Ok(vec![
             c.forward()?,
             c.backward_delta()?,
@@ -427,14 +427,14 @@ impl LibraryKernel for FlashAttentionBwd {
             c.backward_dkdv()?,
         ])
     }
-    fn inputs(&self, p: &Params, seed: u64) -> Result<Vec<Array>, BoxError> {
-        let c = AttentionConfig::from_params(p)?;
+
+    fn inputs(c: &Self::Config, seed: u64) -> Result<Vec<Array>, BoxError> {
         let mut v = c.qkv(seed)?;
         v.push(random_array(c.dtype, &c.q_type().shape, seed + 3, 1.0)?);
         Ok(v)
     }
-    fn run(&self, p: &Params, inputs: &[Array], exec: &mut Exec) -> Result<Vec<Array>, BoxError> {
-        let c = AttentionConfig::from_params(p)?;
+
+    fn run(c: &Self::Config, inputs: &[Array], exec: &mut Exec) -> Result<Vec<Array>, BoxError> {
         let [q, k, v, d_o] = inputs else {
             return Err(format!(
                 "flash_attention_bwd takes (q, k, v, do), got {} inputs",
@@ -459,22 +459,24 @@ impl LibraryKernel for FlashAttentionBwd {
         let dk = dkdv.remove(0);
         Ok(vec![dq, dk, dv])
     }
-    fn reference(&self, p: &Params, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
-        let c = AttentionConfig::from_params(p)?;
+
+    fn reference(c: &Self::Config, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
         let f: Vec<Vec<f64>> = inputs.iter().map(Array::to_f64).collect();
-        Ok(reference_backward(&c, &f[0], &f[1], &f[2], &f[3]).to_vec())
+        Ok(reference_backward(c, &f[0], &f[1], &f[2], &f[3]).to_vec())
     }
-    fn tolerance(&self, p: &Params) -> Tolerance {
-        match AttentionConfig::from_params(p) {
-            Ok(c) if c.dtype == DType::BF16 => Tolerance {
+
+    fn tolerance(c: &Self::Config) -> Tolerance {
+        if c.dtype == DType::BF16 {
+            Tolerance {
                 abs: 6e-2,
                 rel: 5e-2,
-            },
-            Ok(c) => tolerance_for(DType::F32, c.q_len.max(c.kv_len) * c.head_dim),
-            Err(_) => tolerance_for(DType::F32, 1),
+            }
+        } else {
+            tolerance_for(DType::F32, c.q_len.max(c.kv_len) * c.head_dim)
         }
     }
-    fn flops(&self, p: &Params) -> f64 {
-        FlashAttention.flops(p) * 3.5
+
+    fn flops(c: &Self::Config) -> f64 {
+        FlashAttention::flops(c) * 3.5
     }
 }
