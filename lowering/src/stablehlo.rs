@@ -421,6 +421,34 @@ impl<'k> Emitter<'k> {
         out
     }
 
+    /// The current contents of a window of ref `r`'s (padded) array.
+    fn read_window(&mut self, r: usize, dims: &[DimWindow]) -> String {
+        let dtype = self.k.refs[r].ty.dtype;
+        let full: Vec<u64> = dims.iter().map(|d| d.count).collect();
+        let mut operands = vec![(self.arrays[r].clone(), ty_of(dtype, &self.padded[r]))];
+        operands.extend(
+            dims.iter()
+                .map(|d| (d.start.clone(), ty_of(DType::I32, &[]))),
+        );
+        let refs: Vec<(&str, &str)> = operands
+            .iter()
+            .map(|(a, b)| (a.as_str(), b.as_str()))
+            .collect();
+        let attrs = format!("slice_sizes = {}", i64_array(full.iter().copied()));
+        self.op("dynamic_slice", &refs, &attrs, &ty_of(dtype, &full))
+    }
+
+    /// Element-wise `cond ? a : b` on values of type `t`.
+    fn select(&mut self, cond: &str, a: &str, b: &str, t: &TensorType) -> String {
+        let operands = [
+            (cond, ty_of(DType::Bool, &t.shape)),
+            (a, tty(t)),
+            (b, tty(t)),
+        ];
+        let refs: Vec<(&str, &str)> = operands.iter().map(|(n, ty)| (*n, ty.as_str())).collect();
+        self.op("select", &refs, "", &tty(t))
+    }
+
     fn lower_op(&mut self, op: &Op) {
         let k = self.k;
         let result_ty = |i: usize| k.type_of(op.results[i]).clone();
@@ -454,20 +482,9 @@ impl<'k> Emitter<'k> {
                 let r = src.0 as usize;
                 let t = result_ty(0);
                 let dims = self.window(r, index);
-                let full: Vec<u64> = dims.iter().map(|d| d.count).collect();
                 let dtype = k.refs[r].ty.dtype;
-                let array_t = ty_of(dtype, &self.padded[r]);
-                let mut operands = vec![(self.arrays[r].clone(), array_t)];
-                operands.extend(
-                    dims.iter()
-                        .map(|d| (d.start.clone(), ty_of(DType::I32, &[]))),
-                );
-                let refs: Vec<(&str, &str)> = operands
-                    .iter()
-                    .map(|(a, b)| (a.as_str(), b.as_str()))
-                    .collect();
-                let attrs = format!("slice_sizes = {}", i64_array(full.iter().copied()));
-                let sliced = self.op("dynamic_slice", &refs, &attrs, &ty_of(dtype, &full));
+                let full: Vec<u64> = dims.iter().map(|d| d.count).collect();
+                let sliced = self.read_window(r, &dims);
                 let loaded = self.reshape(&sliced, dtype, &full, &t.shape);
                 match mask {
                     None => loaded,
@@ -475,26 +492,12 @@ impl<'k> Emitter<'k> {
                         let fill = match other {
                             Some(o) => {
                                 let o = self.v(*o);
-                                self.op(
-                                    "broadcast_in_dim",
-                                    &[(&o, &ty_of(dtype, &[]))],
-                                    "broadcast_dimensions = array<i64>",
-                                    &tty(&t),
-                                )
+                                self.b.broadcast(&o, &ty_of(dtype, &[]), &[], &tty(&t))
                             }
                             None => self.constant(dtype, &t.shape, 0.0),
                         };
                         let m = self.v(*m);
-                        self.op(
-                            "select",
-                            &[
-                                (&m, &ty_of(DType::Bool, &t.shape)),
-                                (&loaded, &tty(&t)),
-                                (&fill, &tty(&t)),
-                            ],
-                            "",
-                            &tty(&t),
-                        )
+                        self.select(&m, &loaded, &fill, &t)
                     }
                 }
             }
@@ -506,41 +509,24 @@ impl<'k> Emitter<'k> {
             } => {
                 let r = dst.0 as usize;
                 let dims = self.window(r, index);
-                let full: Vec<u64> = dims.iter().map(|d| d.count).collect();
                 let vt = k.type_of(*value).clone();
-                let dtype = vt.dtype;
-                let array_t = ty_of(dtype, &self.padded[r]);
-                let index_ops: Vec<(String, String)> = dims
-                    .iter()
-                    .map(|d| (d.start.clone(), ty_of(DType::I32, &[])))
-                    .collect();
-                let mut new = self.reshape(&self.v(*value), dtype, &vt.shape, &full);
+                let window =
+                    TensorType::new(vt.dtype, dims.iter().map(|d| d.count).collect::<Vec<_>>());
+                let mut new = self.reshape(&self.v(*value), vt.dtype, &vt.shape, &window.shape);
                 if let Some(m) = mask {
-                    let mut operands = vec![(self.arrays[r].clone(), array_t.clone())];
-                    operands.extend(index_ops.iter().cloned());
-                    let refs: Vec<(&str, &str)> = operands
-                        .iter()
-                        .map(|(a, b)| (a.as_str(), b.as_str()))
-                        .collect();
-                    let attrs = format!("slice_sizes = {}", i64_array(full.iter().copied()));
-                    let old = self.op("dynamic_slice", &refs, &attrs, &ty_of(dtype, &full));
-                    let m = self.reshape(&self.v(*m), DType::Bool, &vt.shape, &full);
-                    new = self.op(
-                        "select",
-                        &[
-                            (&m, &ty_of(DType::Bool, &full)),
-                            (&new, &ty_of(dtype, &full)),
-                            (&old, &ty_of(dtype, &full)),
-                        ],
-                        "",
-                        &ty_of(dtype, &full),
-                    );
+                    let old = self.read_window(r, &dims);
+                    let m = self.reshape(&self.v(*m), DType::Bool, &vt.shape, &window.shape);
+                    new = self.select(&m, &new, &old, &window);
                 }
+                let array_t = ty_of(vt.dtype, &self.padded[r]);
                 let mut operands = vec![
                     (self.arrays[r].clone(), array_t.clone()),
-                    (new, ty_of(dtype, &full)),
+                    (new, tty(&window)),
                 ];
-                operands.extend(index_ops);
+                operands.extend(
+                    dims.iter()
+                        .map(|d| (d.start.clone(), ty_of(DType::I32, &[]))),
+                );
                 let refs: Vec<(&str, &str)> = operands
                     .iter()
                     .map(|(a, b)| (a.as_str(), b.as_str()))
@@ -549,16 +535,9 @@ impl<'k> Emitter<'k> {
                 return;
             }
             OpKind::Broadcast { x, dims } => {
-                let attrs = format!(
-                    "broadcast_dimensions = {}",
-                    i64_array(dims.iter().map(|&d| d as u64))
-                );
-                self.op(
-                    "broadcast_in_dim",
-                    &[(&self.v(*x), &self.vt(*x))],
-                    &attrs,
-                    &tty(&result_ty(0)),
-                )
+                let dims: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
+                let (xv, xt) = (self.v(*x), self.vt(*x));
+                self.b.broadcast(&xv, &xt, &dims, &tty(&result_ty(0)))
             }
             OpKind::Reshape { x } => self.op(
                 "reshape",
@@ -638,16 +617,10 @@ impl<'k> Emitter<'k> {
                 cond,
                 on_true,
                 on_false,
-            } => self.op(
-                "select",
-                &[
-                    (&self.v(*cond), &self.vt(*cond)),
-                    (&self.v(*on_true), &self.vt(*on_true)),
-                    (&self.v(*on_false), &self.vt(*on_false)),
-                ],
-                "",
-                &self.vt(*on_true),
-            ),
+            } => {
+                let (c, a, b) = (self.v(*cond), self.v(*on_true), self.v(*on_false));
+                self.select(&c, &a, &b, &k.type_of(*on_true).clone())
+            }
             OpKind::Cast { x } => {
                 let from = k.type_of(*x).clone();
                 self.convert(&self.v(*x), &from, result_ty(0).dtype)
