@@ -12,9 +12,10 @@ APT_PACKAGES := libclang-14-dev
 # The XLA CPU PJRT plugin; its wheel also ships the pjrt_c_api.h the bindings come from.
 PJRT_PLUGIN := xla-cpu-pjrt==0.0.1
 PJRT_STAMP := $(VENV)/.pjrt-$(PJRT_PLUGIN)
-# jax/jaxlib: their `tpu` dialect checks the Mosaic output in the tests (CPU only).
-JAX := jax==0.10.2 jaxlib==0.10.2
-JAX_STAMP := $(VENV)/.jax-0.10.2
+# jax/jaxlib: their `tpu` dialect checks the Mosaic output in the tests (CPU only);
+# libtpu compiles it for device-free v5e/v6e targets.
+JAX := jax==0.10.2 jaxlib==0.10.2 libtpu==0.0.42.1
+JAX_STAMP := $(VENV)/.jax-0.10.2-libtpu-0.0.42.1
 
 .PHONY: demo test setup apt build lint fmt-check clippy clean
 

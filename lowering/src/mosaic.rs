@@ -324,21 +324,40 @@ impl<'k> Emitter<'k> {
                     IndexBinOp::Add => "arith.addi",
                     IndexBinOp::Sub => "arith.subi",
                     IndexBinOp::Mul => "arith.muli",
-                    IndexBinOp::FloorDiv => "arith.floordivsi",
                     IndexBinOp::Min => "arith.minsi",
                     IndexBinOp::Max => "arith.maxsi",
-                    IndexBinOp::Rem => return self.floor_rem(&a, &b, "i32"),
+                    IndexBinOp::FloorDiv => return self.floor_div_rem(&a, &b, &[], false),
+                    IndexBinOp::Rem => return self.floor_div_rem(&a, &b, &[], true),
                 };
                 self.def(&format!("{name} {a}, {b} : i32"))
             }
         }
     }
 
-    /// Integer remainder with the sign of the divisor: `a - floordiv(a, b) * b`.
-    fn floor_rem(&mut self, a: &str, b: &str, t: &str) -> String {
-        let q = self.def(&format!("arith.floordivsi {a}, {b} : {t}"));
-        let p = self.def(&format!("arith.muli {q}, {b} : {t}"));
-        self.def(&format!("arith.subi {a}, {p} : {t}"))
+    /// Integer division (or remainder) rounded toward negative infinity, built from
+    /// `divsi`/`remsi` (Mosaic does not legalize `arith.floordivsi`).
+    fn floor_div_rem(&mut self, a: &str, b: &str, shape: &[u64], want_rem: bool) -> String {
+        let (t, c) = (vty(DType::I32, shape), vty(DType::Bool, shape));
+        let q = self.def(&format!("arith.divsi {a}, {b} : {t}"));
+        let r = self.def(&format!("arith.remsi {a}, {b} : {t}"));
+        let zero = self.constant(DType::I32, shape, 0.0);
+        let r_neg = self.def(&format!("arith.cmpi slt, {r}, {zero} : {t}"));
+        let b_neg = self.def(&format!("arith.cmpi slt, {b}, {zero} : {t}"));
+        let differ = self.def(&format!("arith.cmpi ne, {r_neg}, {b_neg} : {c}"));
+        let nonzero = self.def(&format!("arith.cmpi ne, {r}, {zero} : {t}"));
+        let adjust = self.def(&format!("arith.andi {nonzero}, {differ} : {c}"));
+        let (fixed, plain) = if want_rem {
+            (self.def(&format!("arith.addi {r}, {b} : {t}")), r)
+        } else {
+            let one = self.constant(DType::I32, shape, 1.0);
+            (self.def(&format!("arith.subi {q}, {one} : {t}")), q)
+        };
+        self.select(
+            &adjust,
+            &fixed,
+            &plain,
+            &TensorType::new(DType::I32, shape.to_vec()),
+        )
     }
 
     fn v(&self, v: Value) -> String {
@@ -423,10 +442,23 @@ impl<'k> Emitter<'k> {
                 };
                 self.constant(t.dtype, &t.shape, v)
             }
-            OpKind::Iota { dim } => self.def(&format!(
-                "tpu.iota {{dimensions = array<i32: {dim}>}} : {}",
-                tty(&result_ty())
-            )),
+            OpKind::Iota { dim } => {
+                let t = result_ty();
+                if t.rank() == 1 {
+                    // Mosaic's iota is at least 2-D: count along lanes, then drop the row.
+                    let row = [1, t.shape[0]];
+                    let i = self.def(&format!(
+                        "tpu.iota {{dimensions = array<i32: 1>}} : {}",
+                        vty(DType::I32, &row)
+                    ));
+                    self.shape_cast(&i, DType::I32, &row, &t.shape)
+                } else {
+                    self.def(&format!(
+                        "tpu.iota {{dimensions = array<i32: {dim}>}} : {}",
+                        tty(&t)
+                    ))
+                }
+            }
             OpKind::Load {
                 src,
                 index,
@@ -560,8 +592,8 @@ impl<'k> Emitter<'k> {
                 let (a, c) = (self.v(*lhs), self.v(*rhs));
                 let ts = tty(&t);
                 let name = match (b, t.dtype) {
-                    (BinaryOp::Rem, DType::I32) => {
-                        let r = self.floor_rem(&a, &c, &ts);
+                    (BinaryOp::Div | BinaryOp::Rem, DType::I32) => {
+                        let r = self.floor_div_rem(&a, &c, &t.shape, *b == BinaryOp::Rem);
                         self.values.insert(op.results[0], r);
                         return;
                     }
@@ -576,7 +608,6 @@ impl<'k> Emitter<'k> {
                     (BinaryOp::Add, DType::I32) => "arith.addi",
                     (BinaryOp::Sub, DType::I32) => "arith.subi",
                     (BinaryOp::Mul, DType::I32) => "arith.muli",
-                    (BinaryOp::Div, DType::I32) => "arith.floordivsi",
                     (BinaryOp::Max, DType::I32) => "arith.maxsi",
                     (BinaryOp::Min, DType::I32) => "arith.minsi",
                     (BinaryOp::And, _) => "arith.andi",

@@ -2,6 +2,7 @@
 
     check_mosaic.py DIR                      # every *.mosaic.mlir file in DIR
     check_mosaic.py --compare-pallas FILE    # FILE: tessera's 256^3 matmul (128 blocks)
+    check_mosaic.py --compile TOPOLOGY DIR   # compile each kernel with libtpu (v5e:2x2...)
 
 For each StableHLO module with `stablehlo.custom_call @tpu_custom_call`:
   1. the StableHLO module parses and verifies;
@@ -13,15 +14,21 @@ For each StableHLO module with `stablehlo.custom_call @tpu_custom_call`:
      iteration_bounds and dimension_semantics as grid arguments.
 --compare-pallas lowers the same matmul with JAX Pallas and compares the grid,
 window parameters, index maps, memref types and semantics with tessera's.
+--compile hands each kernel body to JAX's tpu_custom_call (which stores it in the
+versioned form) and compiles it with libtpu's Mosaic compiler for a device-free TPU
+target (no TPU needed), with the operand and result types of the tessera wrapper.
 Prints one line per module; exits 1 on the first failure.
 """
 
 import base64
 import io
 import json
+import os
 import pathlib
 import re
 import sys
+
+os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 
 import jax
 import jax.numpy as jnp
@@ -38,8 +45,16 @@ def context():
     return ctx
 
 
-def custom_calls(stablehlo_text):
-    """Parses and verifies the StableHLO module; returns each tpu_custom_call's body."""
+def tensor_struct(t, sharding=None):
+    """A ShapeDtypeStruct for an MLIR tensor type."""
+    dtypes = {"f32": jnp.float32, "bf16": jnp.bfloat16, "i32": jnp.int32, "i1": jnp.bool_}
+    parts = str(t)[len("tensor<"):-1].split("x")
+    return jax.ShapeDtypeStruct(tuple(int(p) for p in parts[:-1]), dtypes[parts[-1]], sharding=sharding)
+
+
+def custom_calls(stablehlo_text, with_types=False):
+    """Parses and verifies the StableHLO module; returns each tpu_custom_call's body
+    (with its operand and result types when `with_types`)."""
     with context():
         module = ir.Module.parse(stablehlo_text)
         if not module.operation.verify():
@@ -56,7 +71,12 @@ def custom_calls(stablehlo_text):
                             config = json.loads(ir.StringAttr(inner.attributes["backend_config"]).value)
                             cfg = config["custom_call_config"]
                             assert "serialization_format" not in cfg, "tessera stores the text form"
-                            bodies.append(base64.b64decode(cfg["body"]).decode())
+                            body = base64.b64decode(cfg["body"]).decode()
+                            if with_types:
+                                types = ([v.type for v in inner.operands], [r.type for r in inner.results])
+                                bodies.append((body, [str(t) for t in types[0]], [str(t) for t in types[1]]))
+                            else:
+                                bodies.append(body)
                         walk(inner.operation)
 
         walk(module.operation)
@@ -183,10 +203,32 @@ def compare_pallas(ours_file):
         print(f"same {key}: {ours[key]}")
 
 
+def compile_dir(topology, directory):
+    from jax._src import tpu_custom_call
+    from jax.experimental import topologies
+
+    device = topologies.get_topology_desc(platform="tpu", topology_name=topology).devices[0]
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    files = sorted(pathlib.Path(directory).glob("*.mosaic.mlir"))
+    if not files:
+        raise SystemExit(f"no *.mosaic.mlir files in {directory}")
+    for path in files:
+        for body, ins, outs in custom_calls(path.read_text(), with_types=True):
+            with context(), ir.Location.unknown():
+                module = ir.Module.parse(body)
+                out_type = [tensor_struct(t) for t in outs]
+                kernel = tpu_custom_call.as_tpu_kernel(module, out_type[0] if len(out_type) == 1 else out_type)
+            args = [tensor_struct(t, sharding) for t in ins]
+            jax.jit(kernel).trace(*args).lower().compile()
+            print(f"compiled {path.name} for {topology}")
+
+
 if __name__ == "__main__":
     try:
         if sys.argv[1] == "--compare-pallas":
             compare_pallas(sys.argv[2])
+        elif sys.argv[1] == "--compile":
+            compile_dir(sys.argv[2], sys.argv[3])
         else:
             check_dir(sys.argv[1])
     except Exception as e:  # one clear line for the Rust test that runs this

@@ -1,6 +1,7 @@
 //! The Mosaic lowering: TPU rule errors, and every library kernel checked with the real
-//! `tpu` dialect from jaxlib (`check_mosaic.py`), plus a comparison with the module JAX
-//! Pallas emits for the same matmul. The jaxlib checks need the venv that `make setup`
+//! `tpu` dialect from jaxlib and compiled by libtpu's Mosaic compiler for v5e and v6e
+//! (`check_mosaic.py`), plus a comparison with the module JAX Pallas emits for the same
+//! matmul. The jaxlib checks need the venv that `make setup`
 //! fills; `make test` sets TESSERA_REQUIRE_JAX=1 so a missing jaxlib fails.
 
 use std::path::{Path, PathBuf};
@@ -13,7 +14,7 @@ use lowering::tpu_rules::{check, TpuLimits};
 fn python() -> Option<PathBuf> {
     let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
     let has_jax = Command::new(&python)
-        .args(["-c", "import jax, jaxlib"])
+        .args(["-c", "import jax, jaxlib, libtpu"])
         .output()
         .is_ok_and(|o| o.status.success());
     if has_jax {
@@ -21,9 +22,9 @@ fn python() -> Option<PathBuf> {
     }
     assert!(
         std::env::var_os("TESSERA_REQUIRE_JAX").is_none(),
-        "jax/jaxlib are not installed in .venv: run `make setup`"
+        "jax/jaxlib/libtpu are not installed in .venv: run `make setup`"
     );
-    eprintln!("skipping: jax/jaxlib are not installed in .venv (run `make setup`)");
+    eprintln!("skipping: jax/jaxlib/libtpu are not installed in .venv (run `make setup`)");
     None
 }
 
