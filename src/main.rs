@@ -62,6 +62,10 @@ enum Command {
         /// Seed of the random inputs.
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Interpreter only: fill scratch and outputs with NaN first, so reads of
+        /// never-written data show up (same as TESSERA_INTERP_POISON=1).
+        #[arg(long)]
+        poison: bool,
     },
     /// Run every library kernel on every backend and print errors and timings.
     Demo,
@@ -129,7 +133,14 @@ fn main() -> ExitCode {
             backend,
             params,
             seed,
-        } => commands::run(&kernel, backend.as_deref(), &params.shape, seed),
+            poison,
+        } => {
+            if poison {
+                // Before any thread starts: the runtime reads it when it interprets.
+                std::env::set_var("TESSERA_INTERP_POISON", "1");
+            }
+            commands::run(&kernel, backend.as_deref(), &params.shape, seed)
+        }
         Command::Demo => commands::demo(),
         Command::Lower {
             kernel,

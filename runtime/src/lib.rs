@@ -125,6 +125,15 @@ pub fn backend_from_env() -> Result<Option<Backend>, Error> {
     }
 }
 
+/// Interpreter options from the environment: `TESSERA_INTERP_POISON=1` fills scratch
+/// and outputs with NaN before running, so reads of unwritten data show in the results.
+fn interpreter_options() -> InterpretOptions {
+    InterpretOptions {
+        poison_uninitialized: std::env::var("TESSERA_INTERP_POISON").is_ok_and(|v| v == "1"),
+        ..InterpretOptions::default()
+    }
+}
+
 /// Picks the backend for `kernel`: the requested one if it can run it, or for `Auto`
 /// the first of [`Backend::PREFERENCE`] that can.
 pub fn resolve(requested: Backend, kernel: &Kernel) -> Result<Resolution, Error> {
@@ -163,7 +172,7 @@ pub fn run(
 ) -> Result<(Vec<Array>, Resolution), Error> {
     let resolution = resolve(requested, kernel)?;
     let outputs = match resolution.backend {
-        Backend::Interp => interpret(kernel, inputs, &InterpretOptions::default())?,
+        Backend::Interp => interpret(kernel, inputs, &interpreter_options())?,
         Backend::Xla => run_xla(kernel, inputs)?,
         other => unreachable!("resolve() only returns available backends, got {other}"),
     };
