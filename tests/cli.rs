@@ -292,3 +292,61 @@ fn run_with_poison_still_passes_for_kernels_that_write_everything() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).trim_end().ends_with("backend=interp ok"));
 }
+
+/// The XLA disk cache end to end, with PJRT's own serialized executables: a second
+/// process loads what the first compiled, and a corrupted entry is dropped, reported
+/// and recompiled.
+#[test]
+fn xla_disk_cache_serves_new_processes_and_survives_corruption() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = || {
+        Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .args([
+                "run",
+                "softmax",
+                "--backend",
+                "xla",
+                "--shape",
+                "rows=8,cols=16",
+            ])
+            .env("TESSERA_CACHE_DIR", dir.path())
+            .env("TESSERA_LOG", "debug")
+            .output()
+            .unwrap()
+    };
+    let first = run();
+    if !first.status.success() && std::env::var_os("TESSERA_REQUIRE_XLA").is_none() {
+        return; // no PJRT plugin in this build
+    }
+    assert!(first.status.success(), "{}", stderr(&first));
+    assert!(
+        stderr(&first).contains("xla @softmax: compiled"),
+        "{}",
+        stderr(&first)
+    );
+    let second = run();
+    assert!(
+        stderr(&second).contains("xla @softmax: loaded from the disk cache"),
+        "{}",
+        stderr(&second)
+    );
+    let entry = std::fs::read_dir(dir.path().join("xla"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let mut bytes = std::fs::read(&entry).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    std::fs::write(&entry, bytes).unwrap();
+    let third = run();
+    assert!(third.status.success(), "{}", stderr(&third));
+    let err = stderr(&third);
+    assert!(
+        err.contains("warning: tessera cache: dropping") && err.contains("checksum mismatch"),
+        "{err}"
+    );
+    assert!(err.contains("xla @softmax: compiled"), "{err}");
+    assert!(stdout(&third).trim_end().ends_with("backend=xla ok"));
+}
