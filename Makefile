@@ -16,12 +16,15 @@ PJRT_STAMP := $(VENV)/.pjrt-$(PJRT_PLUGIN)
 # libtpu compiles it for device-free v5e/v6e targets.
 JAX := jax==0.10.2 jaxlib==0.10.2 libtpu==0.0.42.1
 JAX_STAMP := $(VENV)/.jax-0.10.2-libtpu-0.0.42.1
+# PyTorch (a CUDA build that runs on CPU), maturin for the extension, pytest.
+TORCH := torch==2.13.0 maturin==1.16.0 pytest
+TORCH_STAMP := $(VENV)/.torch-2.13.0
 
-.PHONY: demo test setup apt build lint fmt-check clippy clean
+.PHONY: demo test setup apt python build lint fmt-check clippy clean
 
 ## setup: install what the build and tests need (system packages; the venv with the
-## PJRT plugin and jax/jaxlib).
-setup: apt $(PJRT_STAMP) $(JAX_STAMP)
+## PJRT plugin, jax/jaxlib/libtpu, torch, maturin and pytest).
+setup: apt $(PJRT_STAMP) $(JAX_STAMP) $(TORCH_STAMP)
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust (rustup)"; exit 1; }
 
 apt:
@@ -43,6 +46,14 @@ $(JAX_STAMP): $(VENV)/bin/python
 	$(PIP) install -q $(JAX)
 	touch $@
 
+$(TORCH_STAMP): $(VENV)/bin/python
+	$(PIP) install -q $(TORCH)
+	touch $@
+
+## python: build the extension into the venv (`import tessera` registers torch.ops.tessera.*).
+python: setup
+	cd python && VIRTUAL_ENV=$(CURDIR)/$(VENV) PATH=$(CURDIR)/$(VENV)/bin:$$PATH maturin develop --release -q
+
 build: setup
 	$(CARGO) build --release --workspace
 
@@ -50,9 +61,10 @@ build: setup
 demo: build
 	$(BIN) demo
 
-## test: every test (XLA and jaxlib required), plus formatting and lints.
-test: setup lint
+## test: every test (XLA, jaxlib and torch required), plus formatting and lints.
+test: setup lint python
 	TESSERA_REQUIRE_XLA=1 TESSERA_REQUIRE_JAX=1 $(CARGO) test --release --workspace
+	$(VENV)/bin/python -m pytest -q python/tests
 
 lint: fmt-check clippy
 

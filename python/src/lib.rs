@@ -1,0 +1,194 @@
+//! `tessera._tessera`: runs library kernels on host buffers handed over by Python
+//! (address, shape, dtype), so torch ops can wrap them without copying tensors into
+//! Python objects. The lock is released while kernels run; every failure, panics
+//! included, becomes a Python exception.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use kernel_ir::{Array, ArrayData, DType, TensorType};
+use kernels::{find, BoxError, Params};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use runtime::Backend;
+
+/// A contiguous host buffer: address, shape, dtype name.
+type Buffer = (usize, Vec<u64>, String);
+
+fn dtype(name: &str, what: &str) -> PyResult<DType> {
+    DType::from_name(name)
+        .filter(|d| *d != DType::Bool)
+        .ok_or_else(|| PyValueError::new_err(format!("{what}: unsupported dtype `{name}`")))
+}
+
+/// Copies a buffer into an array.
+///
+/// # Safety
+/// `addr` must point at `shape.product()` contiguous elements of `dtype`, alive and not
+/// written during the call.
+unsafe fn read(addr: usize, ty: &TensorType) -> Array {
+    let n = ty.num_elements() as usize;
+    let data = match ty.dtype {
+        DType::F32 => ArrayData::Float(std::slice::from_raw_parts(addr as *const f32, n).to_vec()),
+        DType::BF16 => ArrayData::Float(
+            std::slice::from_raw_parts(addr as *const u16, n)
+                .iter()
+                .map(|&b| half::bf16::from_bits(b).to_f32())
+                .collect(),
+        ),
+        DType::F16 => ArrayData::Float(
+            std::slice::from_raw_parts(addr as *const u16, n)
+                .iter()
+                .map(|&b| half::f16::from_bits(b).to_f32())
+                .collect(),
+        ),
+        DType::I32 => ArrayData::Int(std::slice::from_raw_parts(addr as *const i32, n).to_vec()),
+        DType::Bool => ArrayData::Bool(std::slice::from_raw_parts(addr as *const bool, n).to_vec()),
+    };
+    Array::new(ty.clone(), data).expect("the storage matches the type")
+}
+
+/// Copies an array into a buffer of its type.
+///
+/// # Safety
+/// `addr` must point at writable room for the array's elements.
+unsafe fn write(addr: usize, a: &Array) {
+    let n = a.ty().num_elements() as usize;
+    match (a.data(), a.dtype()) {
+        (ArrayData::Float(v), DType::F32) => {
+            std::slice::from_raw_parts_mut(addr as *mut f32, n).copy_from_slice(v)
+        }
+        (ArrayData::Float(v), DType::BF16) => {
+            for (d, &x) in std::slice::from_raw_parts_mut(addr as *mut u16, n)
+                .iter_mut()
+                .zip(v)
+            {
+                *d = half::bf16::from_f32(x).to_bits();
+            }
+        }
+        (ArrayData::Float(v), _) => {
+            for (d, &x) in std::slice::from_raw_parts_mut(addr as *mut u16, n)
+                .iter_mut()
+                .zip(v)
+            {
+                *d = half::f16::from_f32(x).to_bits();
+            }
+        }
+        (ArrayData::Int(v), _) => {
+            std::slice::from_raw_parts_mut(addr as *mut i32, n).copy_from_slice(v)
+        }
+        (ArrayData::Bool(v), _) => {
+            std::slice::from_raw_parts_mut(addr as *mut bool, n).copy_from_slice(v)
+        }
+    }
+}
+
+fn types(buffers: &[Buffer], what: &str) -> PyResult<Vec<TensorType>> {
+    buffers
+        .iter()
+        .enumerate()
+        .map(|(i, (_, shape, d))| {
+            Ok(TensorType::new(
+                dtype(d, &format!("{what} {i}"))?,
+                shape.clone(),
+            ))
+        })
+        .collect()
+}
+
+/// Runs library kernel `kernel` with parameters `params` (`name=value` items) on
+/// `inputs` and writes its outputs into `outputs`; returns the backend that ran it.
+#[pyfunction]
+#[pyo3(signature = (kernel, params, inputs, outputs, backend = "auto"))]
+fn run(
+    py: Python<'_>,
+    kernel: &str,
+    params: Vec<String>,
+    inputs: Vec<Buffer>,
+    outputs: Vec<Buffer>,
+    backend: &str,
+) -> PyResult<String> {
+    let k =
+        find(kernel).ok_or_else(|| PyValueError::new_err(format!("unknown kernel `{kernel}`")))?;
+    let p = Params::parse(k.params(), &params).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let requested: Backend = backend
+        .parse()
+        .map_err(|e: runtime::Error| PyValueError::new_err(e.to_string()))?;
+    let in_types = types(&inputs, "input")?;
+    let out_types = types(&outputs, "output")?;
+    let result = py.detach(|| {
+        catch_unwind(AssertUnwindSafe(
+            || -> Result<(Vec<Array>, Backend), BoxError> {
+                // SAFETY: the Python caller passes live, contiguous tensors of these types.
+                let arrays: Vec<Array> = inputs
+                    .iter()
+                    .zip(&in_types)
+                    .map(|(b, t)| unsafe { read(b.0, t) })
+                    .collect();
+                let mut used = Backend::Interp;
+                let got = k.run(&p, &arrays, &mut |kern, ins| {
+                    let (out, resolution) = runtime::run(kern, ins, requested)?;
+                    used = resolution.backend;
+                    Ok(out)
+                })?;
+                Ok((got, used))
+            },
+        ))
+    });
+    let (got, used) = match result {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => return Err(PyRuntimeError::new_err(format!("{kernel} {p}: {e}"))),
+        Err(_) => {
+            return Err(PyRuntimeError::new_err(format!(
+                "{kernel} {p}: internal error (panic)"
+            )))
+        }
+    };
+    if got.len() != outputs.len() {
+        return Err(PyValueError::new_err(format!(
+            "{kernel} returns {} outputs, {} buffers were given",
+            got.len(),
+            outputs.len()
+        )));
+    }
+    for (i, (a, t)) in got.iter().zip(&out_types).enumerate() {
+        if a.ty() != t {
+            return Err(PyValueError::new_err(format!(
+                "{kernel} output {i} is {}, the buffer is {t}",
+                a.ty()
+            )));
+        }
+    }
+    for (a, b) in got.iter().zip(&outputs) {
+        // SAFETY: checked above that each buffer has the output's type.
+        unsafe { write(b.0, a) };
+    }
+    Ok(used.name().to_string())
+}
+
+/// The backend a kernel would run on, and why better ones were skipped.
+#[pyfunction]
+#[pyo3(signature = (kernel, params, backend = "auto"))]
+fn explain(kernel: &str, params: Vec<String>, backend: &str) -> PyResult<(String, Vec<String>)> {
+    let k =
+        find(kernel).ok_or_else(|| PyValueError::new_err(format!("unknown kernel `{kernel}`")))?;
+    let p = Params::parse(k.params(), &params).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let requested: Backend = backend
+        .parse()
+        .map_err(|e: runtime::Error| PyValueError::new_err(e.to_string()))?;
+    let kernels = k
+        .build(&p)
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let first = kernels
+        .first()
+        .ok_or_else(|| PyValueError::new_err("no kernel"))?;
+    let r = runtime::resolve(requested, first).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok((r.backend.name().to_string(), r.fallbacks))
+}
+
+/// The extension module.
+#[pymodule]
+fn _tessera(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(run, m)?)?;
+    m.add_function(wrap_pyfunction!(explain, m)?)?;
+    Ok(())
+}

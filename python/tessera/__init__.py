@@ -1,0 +1,304 @@
+"""Tessera kernels as PyTorch ops: ``torch.ops.tessera.*``.
+
+Importing this package registers the ops with ``torch.library.custom_op``: a CPU
+implementation that runs the Tessera kernel (native > XLA > interpreter, see
+``tessera.explain``), a fake (meta) implementation for ``torch.compile``, and autograd
+for attention (through the FlashAttention backward kernels).
+
+    import torch, tessera
+    y = torch.ops.tessera.softmax(x)
+    with tessera.backend("interp"):
+        o = torch.ops.tessera.flash_attention(q, k, v, is_causal=True)
+"""
+
+import contextlib
+import math
+import threading
+from typing import Optional
+
+import torch
+
+from . import _tessera
+
+__all__ = ["backend", "explain"]
+
+_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+_state = threading.local()
+
+
+def _backend() -> str:
+    return getattr(_state, "backend", "auto")
+
+
+@contextlib.contextmanager
+def backend(name: str):
+    """Forces a backend (``interp``, ``xla``, ``native`` or ``auto``) inside the block."""
+    if name not in ("interp", "xla", "native", "auto"):
+        raise ValueError(f"backend: expected interp, xla, native or auto, got {name!r}")
+    previous = _backend()
+    _state.backend = name
+    try:
+        yield
+    finally:
+        _state.backend = previous
+
+
+def explain(kernel: str, **params) -> tuple:
+    """The backend ``kernel`` would run on with these parameters, and why better
+    backends were skipped: ``(backend, [reasons])``."""
+    return _tessera.explain(kernel, [f"{k}={v}" for k, v in params.items()], _backend())
+
+
+def _check(t: torch.Tensor, name: str, rank: Optional[int] = None, dtype: Optional[torch.dtype] = None) -> str:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name}: expected a tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ValueError(f"{name}: tessera ops run on CPU tensors, got device {t.device}")
+    if t.dtype not in _DTYPES:
+        raise ValueError(f"{name}: dtype {t.dtype} is not supported (float32, bfloat16, float16)")
+    if dtype is not None and t.dtype != dtype:
+        raise ValueError(f"{name}: dtype {t.dtype} differs from the first argument's {dtype}")
+    if rank is not None and t.dim() != rank:
+        raise ValueError(f"{name}: expected rank {rank}, got shape {tuple(t.shape)}")
+    return _DTYPES[t.dtype]
+
+
+def _buffer(t: torch.Tensor, dt: str, shape=None):
+    return (t.data_ptr(), list(shape if shape is not None else t.shape), dt)
+
+
+def _run(kernel: str, params: dict, inputs, outputs) -> None:
+    """Runs ``kernel`` on contiguous ``inputs`` [(tensor, shape)] into ``outputs``."""
+    _tessera.run(
+        kernel,
+        [f"{k}={v}" for k, v in params.items()],
+        [_buffer(t, _DTYPES[t.dtype], s) for t, s in inputs],
+        [_buffer(t, _DTYPES[t.dtype], s) for t, s in outputs],
+        _backend(),
+    )
+
+
+def _rows(x: torch.Tensor):
+    cols = x.shape[-1]
+    return x.numel() // cols if cols else 0, cols
+
+
+# ---- element-wise and row-wise ops -------------------------------------------------
+
+
+@torch.library.custom_op("tessera::softmax", mutates_args=())
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dimension."""
+    dt = _check(x, "x")
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    rows, cols = _rows(x)
+    _run("softmax", {"rows": rows, "cols": cols, "dtype": dt}, [(x, [rows, cols])], [(out, [rows, cols])])
+    return out
+
+
+@softmax.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("tessera::rms_norm", mutates_args=())
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the last dimension."""
+    dt = _check(x, "x")
+    _check(weight, "weight", rank=1, dtype=x.dtype)
+    if weight.shape[0] != x.shape[-1]:
+        raise ValueError(f"weight: expected {x.shape[-1]} elements, got {weight.shape[0]}")
+    x, weight = x.contiguous(), weight.contiguous()
+    out = torch.empty_like(x)
+    rows, cols = _rows(x)
+    params = {"rows": rows, "cols": cols, "dtype": dt, "eps": eps}
+    _run("rms_norm", params, [(x, [rows, cols]), (weight, [cols])], [(out, [rows, cols])])
+    return out
+
+
+@rms_norm.register_fake
+def _(x, weight, eps=1e-5):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("tessera::layer_norm", mutates_args=())
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """``(x - mean) / sqrt(var + eps) * weight + bias`` over the last dimension."""
+    dt = _check(x, "x")
+    for name, v in (("weight", weight), ("bias", bias)):
+        _check(v, name, rank=1, dtype=x.dtype)
+        if v.shape[0] != x.shape[-1]:
+            raise ValueError(f"{name}: expected {x.shape[-1]} elements, got {v.shape[0]}")
+    x, weight, bias = x.contiguous(), weight.contiguous(), bias.contiguous()
+    out = torch.empty_like(x)
+    rows, cols = _rows(x)
+    params = {"rows": rows, "cols": cols, "dtype": dt, "eps": eps}
+    _run("layer_norm", params, [(x, [rows, cols]), (weight, [cols]), (bias, [cols])], [(out, [rows, cols])])
+    return out
+
+
+@layer_norm.register_fake
+def _(x, weight, bias, eps=1e-5):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("tessera::swiglu", mutates_args=())
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up``, fused."""
+    dt = _check(gate, "gate")
+    _check(up, "up", dtype=gate.dtype)
+    if gate.shape != up.shape:
+        raise ValueError(f"up: shape {tuple(up.shape)} differs from gate's {tuple(gate.shape)}")
+    gate, up = gate.contiguous(), up.contiguous()
+    out = torch.empty_like(gate)
+    rows, cols = _rows(gate)
+    params = {"rows": rows, "cols": cols, "dtype": dt}
+    _run("swiglu", params, [(gate, [rows, cols]), (up, [rows, cols])], [(out, [rows, cols])])
+    return out
+
+
+@swiglu.register_fake
+def _(gate, up):
+    return torch.empty_like(gate)
+
+
+@torch.library.custom_op("tessera::matmul", mutates_args=())
+def matmul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``x @ y`` for 2-D tensors, f32 accumulation."""
+    dt = _check(x, "x", rank=2)
+    _check(y, "y", rank=2, dtype=x.dtype)
+    if x.shape[1] != y.shape[0]:
+        raise ValueError(f"y: expected {x.shape[1]} rows to match x, got shape {tuple(y.shape)}")
+    x, y = x.contiguous(), y.contiguous()
+    m, k = x.shape
+    n = y.shape[1]
+    out = torch.empty((m, n), dtype=x.dtype)
+    _run("matmul", {"m": m, "k": k, "n": n, "dtype": dt}, [(x, [m, k]), (y, [k, n])], [(out, [m, n])])
+    return out
+
+
+@matmul.register_fake
+def _(x, y):
+    return x.new_empty((x.shape[0], y.shape[1]))
+
+
+@torch.library.custom_op("tessera::rope", mutates_args=())
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding (Llama rotate-half) of ``x: [batch, heads, seq, head_dim]``."""
+    dt = _check(x, "x", rank=4)
+    b, h, s, d = x.shape
+    for name, t in (("cos", cos), ("sin", sin)):
+        _check(t, name, rank=2, dtype=x.dtype)
+        if tuple(t.shape) != (s, d):
+            raise ValueError(f"{name}: expected shape {(s, d)}, got {tuple(t.shape)}")
+    x, cos, sin = x.contiguous(), cos.contiguous(), sin.contiguous()
+    out = torch.empty_like(x)
+    params = {"batch": b, "heads": h, "seq": s, "head_dim": d, "dtype": dt}
+    _run("rope", params, [(x, list(x.shape)), (cos, [s, d]), (sin, [s, d])], [(out, list(x.shape))])
+    return out
+
+
+@rope.register_fake
+def _(x, cos, sin):
+    return torch.empty_like(x)
+
+
+# ---- attention -----------------------------------------------------------------------
+
+
+def _attention_params(q, k, v, is_causal, scale):
+    dt = _check(q, "query", rank=4)
+    _check(k, "key", rank=4, dtype=q.dtype)
+    _check(v, "value", rank=4, dtype=q.dtype)
+    if q.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"query: flash_attention takes float32 or bfloat16, got {q.dtype}")
+    b, h, sq, d = q.shape
+    if k.shape[0] != b or k.shape[3] != d or k.shape != v.shape:
+        raise ValueError(f"key/value: shapes {tuple(k.shape)}/{tuple(v.shape)} do not match query {tuple(q.shape)}")
+    hkv, sk = k.shape[1], k.shape[2]
+    if h % hkv:
+        raise ValueError(f"key: {hkv} heads do not divide the query's {h} heads")
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    return {
+        "batch": b, "heads": h, "kv_heads": hkv, "q_len": sq, "kv_len": sk, "head_dim": d,
+        "causal": "true" if is_causal else "false", "scale": repr(scale), "dtype": dt,
+    }
+
+
+@torch.library.custom_op("tessera::flash_attention_fwd", mutates_args=())
+def flash_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention output and its log-sum-exp ``[batch, heads, q_len, 1]`` (f32)."""
+    params = _attention_params(q, k, v, is_causal, scale)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    out = torch.empty_like(q)
+    lse = torch.empty((*q.shape[:3], 1), dtype=torch.float32)
+    _run("flash_attention", params, [(q, list(q.shape)), (k, list(k.shape)), (v, list(v.shape))],
+         [(out, list(out.shape)), (lse, list(lse.shape))])
+    return out, lse
+
+
+@flash_attention_fwd.register_fake
+def _(q, k, v, is_causal, scale):
+    return torch.empty_like(q), q.new_empty((*q.shape[:3], 1), dtype=torch.float32)
+
+
+@torch.library.custom_op("tessera::flash_attention_bwd", mutates_args=())
+def flash_attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, is_causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients ``(dq, dk, dv)`` of attention for an output gradient."""
+    params = _attention_params(q, k, v, is_causal, scale)
+    q, k, v, grad_out = q.contiguous(), k.contiguous(), v.contiguous(), grad_out.contiguous().to(q.dtype)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    _run("flash_attention_bwd", params,
+         [(q, list(q.shape)), (k, list(k.shape)), (v, list(v.shape)), (grad_out, list(q.shape))],
+         [(dq, list(q.shape)), (dk, list(k.shape)), (dv, list(v.shape))])
+    return dq, dk, dv
+
+
+@flash_attention_bwd.register_fake
+def _(q, k, v, grad_out, is_causal, scale):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _fwd_setup(ctx, inputs, output):
+    q, k, v, is_causal, scale = inputs
+    ctx.save_for_backward(q, k, v)
+    ctx.is_causal, ctx.scale = is_causal, scale
+
+
+def _fwd_backward(ctx, grad_out, grad_lse):
+    q, k, v = ctx.saved_tensors
+    dq, dk, dv = torch.ops.tessera.flash_attention_bwd(q, k, v, grad_out, ctx.is_causal, ctx.scale)
+    return dq, dk, dv, None, None
+
+
+flash_attention_fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup)
+
+
+@torch.library.custom_op("tessera::flash_attention", mutates_args=())
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False, scale: Optional[float] = None) -> torch.Tensor:
+    """``scaled_dot_product_attention(q, k, v, is_causal=..., scale=...)`` with GQA by head
+    count: ``q: [batch, heads, q_len, d]``, ``k, v: [batch, kv_heads, kv_len, d]``."""
+    d = q.shape[-1]
+    return torch.ops.tessera.flash_attention_fwd(q, k, v, is_causal, 1.0 / math.sqrt(d) if scale is None else scale)[0]
+
+
+@flash_attention.register_fake
+def _(q, k, v, is_causal=False, scale=None):
+    return torch.empty_like(q)
+
+
+def _attn_setup(ctx, inputs, output):
+    q, k, v, is_causal, scale = inputs
+    ctx.save_for_backward(q, k, v)
+    ctx.is_causal = is_causal
+    ctx.scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+
+
+def _attn_backward(ctx, grad_out):
+    q, k, v = ctx.saved_tensors
+    dq, dk, dv = torch.ops.tessera.flash_attention_bwd(q, k, v, grad_out, ctx.is_causal, ctx.scale)
+    return dq, dk, dv, None, None
+
+
+flash_attention.register_autograd(_attn_backward, setup_context=_attn_setup)

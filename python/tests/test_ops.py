@@ -1,0 +1,150 @@
+"""torch.ops.tessera.* against PyTorch, torch.library.opcheck, autograd, errors."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tessera  # noqa: F401  (registers the ops)
+
+ops = torch.ops.tessera
+torch.manual_seed(0)
+
+
+def close(got, want, dtype):
+    tol = {torch.float32: (2e-5, 1e-4), torch.bfloat16: (2e-2, 4e-2), torch.float16: (4e-3, 4e-3)}[dtype]
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol[0], atol=tol[1])
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (5, 130), (2, 3, 33)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_softmax(shape, dtype):
+    x = torch.randn(shape, dtype=dtype) * 3
+    close(ops.softmax(x), torch.softmax(x.float(), -1).to(dtype), dtype)
+
+
+@pytest.mark.parametrize("shape", [(4, 9), (7, 64), (2, 3, 17)])
+def test_norms(shape):
+    x = torch.randn(shape)
+    w, b = torch.randn(shape[-1]), torch.randn(shape[-1])
+    rms = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w
+    close(ops.rms_norm(x, w, 1e-5), rms, torch.float32)
+    close(ops.layer_norm(x, w, b, 1e-5), F.layer_norm(x, (shape[-1],), w, b, 1e-5), torch.float32)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (9, 33), (4, 5, 6)])
+def test_swiglu(shape):
+    a, b = torch.randn(shape), torch.randn(shape)
+    close(ops.swiglu(a, b), F.silu(a) * b, torch.float32)
+
+
+@pytest.mark.parametrize("mkn", [(1, 1, 1), (33, 17, 65), (128, 64, 96)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matmul(mkn, dtype):
+    m, k, n = mkn
+    x, y = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+    close(ops.matmul(x, y), (x.float() @ y.float()).to(dtype), dtype)
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def test_rope():
+    b, h, s, d = 2, 3, 11, 16
+    x = torch.randn(b, h, s, d)
+    freqs = 10000 ** (-torch.arange(0, d, 2).float() / d)
+    angles = torch.arange(s).float()[:, None] * freqs[None, :]
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    close(ops.rope(x, cos, sin), x * cos + rotate_half(x) * sin, torch.float32)
+
+
+def sdpa(q, k, v, is_causal, scale=None):
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(2, 2), (4, 1), (4, 2)])
+@pytest.mark.parametrize("sq,sk", [(1, 1), (33, 47), (64, 64), (70, 20)])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_flash_attention_forward_and_grads(heads, kv_heads, sq, sk, is_causal):
+    d = 32
+    q = torch.randn(1, heads, sq, d, requires_grad=True)
+    k = torch.randn(1, kv_heads, sk, d, requires_grad=True)
+    v = torch.randn(1, kv_heads, sk, d, requires_grad=True)
+    out = ops.flash_attention(q, k, v, is_causal=is_causal)
+    ref = sdpa(q, k, v, is_causal)
+    close(out, ref, torch.float32)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), g)
+    want = torch.autograd.grad(ref, (q, k, v), g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=2e-4)
+
+
+def test_flash_attention_scale_and_bf16():
+    q, k, v = (torch.randn(1, 2, 40, 64, dtype=torch.bfloat16) for _ in range(3))
+    close(ops.flash_attention(q, k, v, False, 0.3), sdpa(q.float(), k.float(), v.float(), False, 0.3).bfloat16(), torch.bfloat16)
+
+
+def opcheck_args():
+    x = torch.randn(5, 33)
+    w, b = torch.randn(33), torch.randn(33)
+    q, k, v = torch.randn(1, 4, 9, 16), torch.randn(1, 2, 13, 16), torch.randn(1, 2, 13, 16)
+    cos, sin = torch.randn(9, 16), torch.randn(9, 16)
+    return [
+        (ops.softmax, (x,)),
+        (ops.rms_norm, (x, w, 1e-5)),
+        (ops.layer_norm, (x, w, b, 1e-5)),
+        (ops.swiglu, (x, x.clone())),
+        (ops.matmul, (x, torch.randn(33, 7))),
+        (ops.rope, (torch.randn(1, 4, 9, 16), cos, sin)),
+        (ops.flash_attention, (q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), True, None)),
+    ]
+
+
+@pytest.mark.parametrize("op,args", opcheck_args(), ids=lambda a: getattr(a, "__name__", ""))
+def test_opcheck(op, args):
+    torch.library.opcheck(op, args)
+
+
+def test_bad_arguments_raise_value_errors_naming_the_argument():
+    with pytest.raises(ValueError, match="weight: expected 4 elements"):
+        ops.rms_norm(torch.randn(2, 4), torch.randn(5), 1e-5)
+    with pytest.raises(ValueError, match="x: expected rank 2"):
+        ops.matmul(torch.randn(2, 3, 4), torch.randn(4, 2))
+    with pytest.raises(ValueError, match="dtype torch.float64 is not supported"):
+        ops.softmax(torch.randn(3, 3, dtype=torch.float64))
+    with pytest.raises(ValueError, match="key: 3 heads do not divide"):
+        ops.flash_attention(torch.randn(1, 4, 8, 16), torch.randn(1, 3, 8, 16), torch.randn(1, 3, 8, 16))
+
+
+def test_non_contiguous_inputs_are_made_contiguous():
+    x = torch.randn(8, 6).t()
+    close(ops.softmax(x), torch.softmax(x, -1), torch.float32)
+
+
+def test_backend_context_manager_and_explain():
+    x = torch.randn(4, 8)
+    with tessera.backend("interp"):
+        assert tessera.explain("softmax", rows=4, cols=8)[0] == "interp"
+        close(ops.softmax(x), torch.softmax(x, -1), torch.float32)
+    backend, reasons = tessera.explain("softmax", rows=4, cols=8)
+    assert backend in ("native", "xla", "interp")
+    assert all(isinstance(r, str) for r in reasons)
+    with pytest.raises(ValueError, match="expected interp, xla, native or auto"):
+        with tessera.backend("tpu"):
+            pass
+
+
+def test_torch_compile_fullgraph():
+    def block(x, w, q, k, v):
+        h = ops.rms_norm(x, w, 1e-5)
+        return ops.softmax(h).sum() + ops.flash_attention(q, k, v, is_causal=True).sum()
+
+    args = (torch.randn(4, 16), torch.randn(16), torch.randn(1, 2, 8, 16), torch.randn(1, 1, 8, 16), torch.randn(1, 1, 8, 16))
+    compiled = torch.compile(block, fullgraph=True)
+    torch.testing.assert_close(compiled(*args), block(*args), rtol=1e-5, atol=1e-5)
