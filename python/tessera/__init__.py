@@ -204,6 +204,58 @@ def _(x, cos, sin):
     return torch.empty_like(x)
 
 
+# ---- autograd of the non-attention ops ---------------------------------------------
+
+
+def _rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+_REFERENCES = {
+    softmax: (1, lambda x: torch.softmax(x, -1)),
+    rms_norm: (2, lambda x, w, eps=1e-5: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w),
+    layer_norm: (3, lambda x, w, b, eps=1e-5: torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b, eps)),
+    swiglu: (2, lambda a, b: torch.nn.functional.silu(a) * b),
+    rope: (3, lambda x, cos, sin: x * cos + _rotate_half(x) * sin),
+}
+
+
+def _register_reference_autograd(op, n_tensors, reference):
+    """Backward of `op` by differentiating its plain PyTorch math (f32) on the saved inputs."""
+
+    def setup(ctx, inputs, output):
+        ctx.save_for_backward(*inputs[:n_tensors])
+        ctx.rest = inputs[n_tensors:]
+
+    def backward(ctx, grad):
+        saved = ctx.saved_tensors
+        with torch.enable_grad():
+            leaves = [t.detach().float().requires_grad_() for t in saved]
+            out = reference(*leaves, *ctx.rest)
+            grads = torch.autograd.grad(out, leaves, grad.float())
+        return (*[g.to(t.dtype) for g, t in zip(grads, saved)], *([None] * len(ctx.rest)))
+
+    op.register_autograd(backward, setup_context=setup)
+
+
+for _op, (_n, _reference) in _REFERENCES.items():
+    _register_reference_autograd(_op, _n, _reference)
+
+
+def _matmul_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _matmul_backward(ctx, grad):
+    x, y = ctx.saved_tensors
+    grad = grad.to(x.dtype)
+    return torch.ops.tessera.matmul(grad, y.t()), torch.ops.tessera.matmul(x.t(), grad)
+
+
+matmul.register_autograd(_matmul_backward, setup_context=_matmul_setup)
+
+
 # ---- attention -----------------------------------------------------------------------
 
 

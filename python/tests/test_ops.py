@@ -91,17 +91,17 @@ def test_flash_attention_scale_and_bf16():
 
 
 def opcheck_args():
-    x = torch.randn(5, 33)
-    w, b = torch.randn(33), torch.randn(33)
+    x = torch.randn(5, 33, requires_grad=True)
+    w, b = torch.randn(33, requires_grad=True), torch.randn(33, requires_grad=True)
     q, k, v = torch.randn(1, 4, 9, 16), torch.randn(1, 2, 13, 16), torch.randn(1, 2, 13, 16)
     cos, sin = torch.randn(9, 16), torch.randn(9, 16)
     return [
         (ops.softmax, (x,)),
         (ops.rms_norm, (x, w, 1e-5)),
         (ops.layer_norm, (x, w, b, 1e-5)),
-        (ops.swiglu, (x, x.clone())),
-        (ops.matmul, (x, torch.randn(33, 7))),
-        (ops.rope, (torch.randn(1, 4, 9, 16), cos, sin)),
+        (ops.swiglu, (x, torch.randn(5, 33, requires_grad=True))),
+        (ops.matmul, (x, torch.randn(33, 7, requires_grad=True))),
+        (ops.rope, (torch.randn(1, 4, 9, 16, requires_grad=True), cos, sin)),
         (ops.flash_attention, (q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), True, None)),
     ]
 
@@ -148,3 +148,29 @@ def test_torch_compile_fullgraph():
     args = (torch.randn(4, 16), torch.randn(16), torch.randn(1, 2, 8, 16), torch.randn(1, 1, 8, 16), torch.randn(1, 1, 8, 16))
     compiled = torch.compile(block, fullgraph=True)
     torch.testing.assert_close(compiled(*args), block(*args), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["softmax", "rms_norm", "layer_norm", "swiglu", "matmul", "rope"])
+def test_gradients_match_autograd(name):
+    x = torch.randn(6, 16, requires_grad=True)
+    w, b = torch.randn(16, requires_grad=True), torch.randn(16, requires_grad=True)
+    other = torch.randn(6, 16, requires_grad=True)
+    y = torch.randn(16, 5, requires_grad=True)
+    xr = torch.randn(1, 2, 6, 16, requires_grad=True)
+    angles = torch.randn(6, 8)
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    cases = {
+        "softmax": (lambda: ops.softmax(x), lambda: torch.softmax(x, -1), (x,)),
+        "rms_norm": (lambda: ops.rms_norm(x, w, 1e-5), lambda: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w, (x, w)),
+        "layer_norm": (lambda: ops.layer_norm(x, w, b, 1e-5), lambda: F.layer_norm(x, (16,), w, b, 1e-5), (x, w, b)),
+        "swiglu": (lambda: ops.swiglu(x, other), lambda: F.silu(x) * other, (x, other)),
+        "matmul": (lambda: ops.matmul(x, y), lambda: x @ y, (x, y)),
+        "rope": (lambda: ops.rope(xr, cos, sin), lambda: xr * cos + rotate_half(xr) * sin, (xr,)),
+    }
+    ours, theirs, inputs = cases[name]
+    out = ours()
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, inputs, g)
+    want = torch.autograd.grad(theirs(), inputs, g)
+    for a, b_ in zip(got, want):
+        torch.testing.assert_close(a, b_, rtol=1e-4, atol=1e-4)
