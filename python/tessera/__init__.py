@@ -20,7 +20,7 @@ import torch
 
 from . import _tessera
 
-__all__ = ["backend", "explain"]
+__all__ = ["backend", "disable_sdpa_override", "enable_sdpa_override", "explain"]
 
 _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 _state = threading.local()
@@ -354,3 +354,54 @@ def _attn_backward(ctx, grad_out):
 
 
 flash_attention.register_autograd(_attn_backward, setup_context=_attn_setup)
+
+
+# ---- scaled_dot_product_attention override ---------------------------------------
+
+_original_sdpa = None
+
+
+def _sdpa_supported(query, key, value, attn_mask, dropout_p, scale, enable_gqa):
+    """Why this SDPA call cannot go to tessera, or None when it can."""
+    tensors = (query, key, value)
+    if attn_mask is not None:
+        return "attn_mask is not supported"
+    if dropout_p:
+        return "dropout is not supported"
+    if any(t.device.type != "cpu" for t in tensors):
+        return "not a CPU call"
+    if any(t.dim() != 4 for t in tensors) or query.dtype not in (torch.float32, torch.bfloat16):
+        return "needs 4-D float32 or bfloat16 tensors"
+    if any(t.dtype != query.dtype for t in tensors):
+        return "mixed dtypes"
+    if key.shape[1] != query.shape[1] and not (enable_gqa and query.shape[1] % key.shape[1] == 0):
+        return "head counts differ without enable_gqa"
+    if query.shape[-1] > 256 or key.shape != value.shape:
+        return "head dim above 256 or key/value shapes differ"
+    return None
+
+
+def enable_sdpa_override():
+    """Routes CPU `torch.nn.functional.scaled_dot_product_attention` calls that tessera
+    supports to `torch.ops.tessera.flash_attention`; every other call (masks, dropout,
+    other devices or dtypes) goes to PyTorch's own kernel."""
+    global _original_sdpa
+    if _original_sdpa is not None:
+        return
+    _original_sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        if _sdpa_supported(query, key, value, attn_mask, dropout_p, scale, enable_gqa) is None:
+            return torch.ops.tessera.flash_attention(query, key, value, is_causal, scale)
+        return _original_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                              is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+
+    torch.nn.functional.scaled_dot_product_attention = sdpa
+
+
+def disable_sdpa_override():
+    """Restores PyTorch's own `scaled_dot_product_attention`."""
+    global _original_sdpa
+    if _original_sdpa is not None:
+        torch.nn.functional.scaled_dot_product_attention = _original_sdpa
+        _original_sdpa = None

@@ -174,3 +174,29 @@ def test_gradients_match_autograd(name):
     want = torch.autograd.grad(theirs(), inputs, g)
     for a, b_ in zip(got, want):
         torch.testing.assert_close(a, b_, rtol=1e-4, atol=1e-4)
+
+
+def test_sdpa_override_routes_supported_calls_and_falls_back(monkeypatch):
+    q, k, v = torch.randn(1, 4, 10, 16), torch.randn(1, 2, 10, 16), torch.randn(1, 2, 10, 16)
+    want = sdpa(q, k, v, True)
+    kernels_run = []
+    real_run = tessera._tessera.run
+
+    def recording_run(kernel, *args):
+        kernels_run.append(kernel)
+        return real_run(kernel, *args)
+
+    monkeypatch.setattr(tessera._tessera, "run", recording_run)
+    original = F.scaled_dot_product_attention
+    tessera.enable_sdpa_override()
+    try:
+        close(F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True), want, torch.float32)
+        assert kernels_run == ["flash_attention"]
+        mask = torch.ones(10, 10, dtype=torch.bool).tril()
+        kr, vr = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+        close(F.scaled_dot_product_attention(q, kr, vr, attn_mask=mask), want, torch.float32)
+        assert kernels_run == ["flash_attention"], "a masked call must fall back to PyTorch"
+        assert tessera._sdpa_supported(q, k, v, None, 0.0, None, False) == "head counts differ without enable_gqa"
+    finally:
+        tessera.disable_sdpa_override()
+    assert F.scaled_dot_product_attention is original
