@@ -745,20 +745,9 @@ impl<'k> Emitter<'k> {
                     )
                 };
                 self.line(&head);
-                self.w.indent += 1;
-                let yielded = self.region_ops(body);
-                if !yielded.is_empty() {
-                    self.line(&format!(
-                        "scf.yield {} : {}",
-                        yielded.join(", "),
-                        types.join(", ")
-                    ));
-                }
-                self.w.indent -= 1;
+                self.nested_region(body, &types);
                 self.line("}");
-                for (i, &res) in op.results.iter().enumerate() {
-                    self.values.insert(res, format!("{r}#{i}"));
-                }
+                self.bind_results(op, &r);
                 return;
             }
             OpKind::If {
@@ -782,26 +771,37 @@ impl<'k> Emitter<'k> {
                     if which == 1 {
                         self.line("} else {");
                     }
-                    self.w.indent += 1;
-                    let yielded = self.region_ops(region);
-                    if !yielded.is_empty() {
-                        self.line(&format!(
-                            "scf.yield {} : {}",
-                            yielded.join(", "),
-                            types.join(", ")
-                        ));
-                    }
-                    self.w.indent -= 1;
+                    self.nested_region(region, &types);
                 }
                 self.line("}");
-                for (i, &res) in op.results.iter().enumerate() {
-                    self.values.insert(res, format!("{r}#{i}"));
-                }
+                self.bind_results(op, &r);
                 return;
             }
             OpKind::Yield { .. } => unreachable!("handled by region_ops"),
         };
         self.values.insert(op.results[0], value);
+    }
+
+    /// Emits a region's ops one level deeper, ending with `scf.yield` of its values
+    /// (of `types`) when it yields any.
+    fn nested_region(&mut self, region: &Region, types: &[String]) {
+        self.w.indent += 1;
+        let yielded = self.region_ops(region);
+        if !yielded.is_empty() {
+            self.line(&format!(
+                "scf.yield {} : {}",
+                yielded.join(", "),
+                types.join(", ")
+            ));
+        }
+        self.w.indent -= 1;
+    }
+
+    /// Names `op`'s results `{r}#i`.
+    fn bind_results(&mut self, op: &Op, r: &str) {
+        for (i, &res) in op.results.iter().enumerate() {
+            self.values.insert(res, format!("{r}#{i}"));
+        }
     }
 
     fn select(&mut self, c: &str, a: &str, b: &str, t: &TensorType) -> String {

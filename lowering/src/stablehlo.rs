@@ -293,6 +293,18 @@ impl<'k> Emitter<'k> {
         }
     }
 
+    /// Emits a block header `^bb0(%a: t, ...)` with fresh arguments of `types`.
+    fn block_header(&mut self, types: &[String]) -> Vec<String> {
+        let args: Vec<String> = types.iter().map(|_| self.fresh()).collect();
+        let decl: Vec<String> = args
+            .iter()
+            .zip(types)
+            .map(|(a, t)| format!("{a}: {t}"))
+            .collect();
+        self.line(&format!("^bb0({}):", decl.join(", ")));
+        args
+    }
+
     /// A `stablehlo.while` whose first carried value is an i32 counter running while it is
     /// below `limit`. `body` gets the region arguments and returns the next values.
     fn while_loop(
@@ -309,25 +321,13 @@ impl<'k> Emitter<'k> {
             "{r}:{n} = \"stablehlo.while\"({}) ({{",
             inits.join(", ")
         ));
-        let cond_args: Vec<String> = (0..n).map(|_| self.fresh()).collect();
-        let decl: Vec<String> = cond_args
-            .iter()
-            .zip(types)
-            .map(|(a, t)| format!("{a}: {t}"))
-            .collect();
-        self.line(&format!("^bb0({}):", decl.join(", ")));
+        let cond_args = self.block_header(types);
         self.b.w.indent += 1;
         let c = self.compare("LT", &cond_args[0], limit, DType::I32, &[]);
         self.line(&format!("\"stablehlo.return\"({c}) : (tensor<i1>) -> ()"));
         self.b.w.indent -= 1;
         self.line("}, {");
-        let body_args: Vec<String> = (0..n).map(|_| self.fresh()).collect();
-        let decl: Vec<String> = body_args
-            .iter()
-            .zip(types)
-            .map(|(a, t)| format!("{a}: {t}"))
-            .collect();
-        self.line(&format!("^bb0({}):", decl.join(", ")));
+        let body_args = self.block_header(types);
         self.b.w.indent += 1;
         let next = body(self, &body_args);
         self.line(&format!(
