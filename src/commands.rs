@@ -371,11 +371,10 @@ pub fn lower(
             "mosaic-body" => {
                 lowering::mosaic::lower_body(kernel, &limits).map_err(|e| usage(e.to_string()))?
             }
-            "cpu-mlir" => {
-                return Err(usage(
-                    "target `cpu-mlir` is not built into this version of tessera yet",
-                ))
-            }
+            "cpu-mlir" => match lowering::cpu::unsupported(kernel) {
+                None => lowering::cpu::lower(kernel).text,
+                Some(why) => return Err(usage(format!("@{}: {why}", kernel.name))),
+            },
             other => {
                 return Err(usage(format!(
                     "unknown target `{other}`: expected stablehlo, mosaic, mosaic-body or cpu-mlir"

@@ -73,7 +73,8 @@ enum Command {
     Lower {
         /// Library kernel name.
         kernel: String,
-        /// stablehlo (XLA fallback), mosaic (StableHLO + tpu_custom_call) or mosaic-body.
+        /// stablehlo (XLA fallback), mosaic (StableHLO + tpu_custom_call), mosaic-body or
+        /// cpu-mlir (upstream MLIR for the native backend).
         #[arg(long)]
         target: String,
         /// VMEM budget in bytes for the TPU rule check (default 16 MiB, v5e's scoped limit).

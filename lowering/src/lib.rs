@@ -1,8 +1,9 @@
-//! Lowerings of verified `kernel_ir::Kernel`s. [`stablehlo`] produces the XLA fallback
-//! module; Mosaic TPU (a `tpu_custom_call`) and upstream MLIR for the native CPU backend
-//! get their modules here as their issues land. The interpreter in `kernel-ir` defines
-//! the semantics every lowering must match.
+//! Lowerings of verified `kernel_ir::Kernel`s: [`stablehlo`] for the XLA fallback,
+//! [`mosaic`] for TPUs (a `tpu_custom_call`), [`cpu`] (upstream MLIR) for the native
+//! CPU backend. All emit MLIR text; the runtime parses and compiles it. The interpreter
+//! in `kernel-ir` defines the semantics every lowering must match.
 
+pub mod cpu;
 pub mod hlo;
 pub mod mosaic;
 pub mod stablehlo;

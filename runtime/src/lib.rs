@@ -2,14 +2,15 @@
 //!
 //! The rule (DESIGN.md): native code when its constraints hold, else the XLA fallback,
 //! else the interpreter. A request is `interp`, `xla`, `native` or `auto`; it comes from
-//! the caller or `TESSERA_BACKEND`. This build has the interpreter; the XLA and native
-//! backends are reported as unavailable with the reason, so `auto` resolves to the
-//! interpreter and an explicit request for another backend is an error.
+//! the caller or `TESSERA_BACKEND`. A backend that cannot run a kernel says why (the
+//! native backend declines some kernels; XLA needs the PJRT plugin), `auto` records
+//! those reasons, and an explicit request for such a backend is an error.
 
 use std::fmt;
 use std::str::FromStr;
 
 pub mod cache;
+pub mod native;
 pub mod peak;
 #[cfg(tessera_pjrt)]
 pub mod pjrt;
@@ -46,13 +47,11 @@ impl Backend {
     }
 
     /// Why this backend cannot run `kernel` here, or `None` if it can.
-    pub fn unavailable_because(self, _kernel: &Kernel) -> Option<&'static str> {
+    pub fn unavailable_because(self, kernel: &Kernel) -> Option<String> {
         match self {
             Backend::Interp | Backend::Auto => None,
-            Backend::Xla => xla_unavailable(),
-            Backend::Native => {
-                Some("the native MLIR backend is not built into this version of tessera")
-            }
+            Backend::Xla => xla_unavailable().map(String::from),
+            Backend::Native => lowering::cpu::unsupported(kernel),
         }
     }
 }
@@ -106,6 +105,9 @@ pub enum Error {
     /// XLA failed to compile or run the lowered kernel (XLA's message included).
     #[error("XLA: {0}")]
     Xla(String),
+    /// MLIR/LLVM failed to compile the kernel for the native backend.
+    #[error("native: {0}")]
+    Native(String),
 }
 
 /// The backend a call resolved to and the reasons other backends were passed over.
@@ -145,7 +147,7 @@ pub fn resolve(requested: Backend, kernel: &Kernel) -> Result<Resolution, Error>
             }),
             Some(reason) => Err(Error::Unavailable {
                 backend: requested,
-                reason: reason.into(),
+                reason,
             }),
         };
     }
@@ -174,7 +176,8 @@ pub fn run(
     let outputs = match resolution.backend {
         Backend::Interp => interpret(kernel, inputs, &interpreter_options())?,
         Backend::Xla => run_xla(kernel, inputs)?,
-        other => unreachable!("resolve() only returns available backends, got {other}"),
+        Backend::Native => native::backend().run(kernel, inputs)?,
+        Backend::Auto => unreachable!("resolve() returns a concrete backend"),
     };
     Ok((outputs, resolution))
 }
