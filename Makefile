@@ -7,8 +7,10 @@ VENV := .venv
 PIP := $(VENV)/bin/pip
 BIN := target/release/tessera
 
-# Debian packages: libclang for bindgen (PJRT bindings from the plugin's header).
-APT_PACKAGES := libclang-14-dev
+# Debian packages: libclang for bindgen (PJRT bindings from the plugin's header); LLVM
+# and MLIR 22 for the native backend (melior links them statically).
+APT_PACKAGES := libclang-14-dev llvm-22-dev libmlir-22-dev mlir-22-tools libclang-22-dev \
+	libzstd-dev libpolly-22-dev
 # The XLA CPU PJRT plugin; its wheel also ships the pjrt_c_api.h the bindings come from.
 PJRT_PLUGIN := xla-cpu-pjrt==0.0.1
 PJRT_STAMP := $(VENV)/.pjrt-$(PJRT_PLUGIN)
@@ -24,7 +26,7 @@ TORCH_STAMP := $(VENV)/.torch-2.13.0
 
 ## setup: install what the build and tests need (system packages; the venv with the
 ## PJRT plugin, jax/jaxlib/libtpu, torch, maturin and pytest).
-setup: apt $(PJRT_STAMP) $(JAX_STAMP) $(TORCH_STAMP)
+setup: apt $(PJRT_STAMP) $(JAX_STAMP) $(TORCH_STAMP) $(VENV)/torch
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust (rustup)"; exit 1; }
 
 apt:
@@ -49,6 +51,10 @@ $(JAX_STAMP): $(VENV)/bin/python
 $(TORCH_STAMP): $(VENV)/bin/python
 	$(PIP) install -q $(TORCH)
 	touch $@
+
+# tch links this PyTorch's libtorch through .venv/torch (LIBTORCH in .cargo/config.toml).
+$(VENV)/torch: | $(TORCH_STAMP)
+	ln -sfn "$$($(VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/torch" $@
 
 ## python: build the extension into the venv (`import tessera` registers torch.ops.tessera.*).
 python: setup

@@ -270,13 +270,7 @@ pub fn bench(
     let p = params(k, overrides)?;
     let requested = requested_backend(backend)?;
     match vs {
-        None | Some("xla") => {}
-        Some("torch") => {
-            return Err(usage(
-                "baseline `torch` is not built into this version of tessera \
-                 (it arrives with the tch-based benches of the native backend issue)",
-            ))
-        }
+        None | Some("xla") | Some("torch") => {}
         Some(other) => {
             return Err(usage(format!(
                 "unknown baseline `{other}`: expected torch or xla"
@@ -295,6 +289,19 @@ pub fn bench(
     let ms =
         median_ms(runs, || execute(k, &p, &case.inputs, requested).map(|_| ())).map_err(fail)?;
     let baseline_ms = match vs {
+        Some("torch") => {
+            let Some(torch) = case.torch_baseline() else {
+                return Err(usage(format!("`{name}` has no PyTorch baseline")));
+            };
+            drop(torch.run());
+            Some(
+                median_ms(runs, || {
+                    drop(torch.run());
+                    Ok(())
+                })
+                .map_err(fail)?,
+            )
+        }
         Some(_) => {
             if case.run_xla_baseline().map_err(fail)?.is_none() {
                 return Err(usage(format!("`{name}` has no XLA baseline")));
@@ -316,7 +323,8 @@ pub fn bench(
     if json {
         let baseline = match baseline_ms {
             Some(b) => format!(
-                "{{\"name\":\"xla\",\"median_ms\":{b:.4},\"ratio\":{:.3}}}",
+                "{{\"name\":\"{}\",\"median_ms\":{b:.4},\"ratio\":{:.3}}}",
+                vs.unwrap_or("xla"),
                 ms / b
             ),
             None => "null".into(),
@@ -338,8 +346,9 @@ pub fn bench(
             100.0 * gbs / bandwidth
         );
         if let Some(b) = baseline_ms {
+            let base = vs.unwrap_or("xla");
             println!(
-                "xla baseline median {b:.3} ms  ratio tessera/xla {:.2}",
+                "{base} baseline median {b:.3} ms  ratio tessera/{base} {:.2}",
                 ms / b
             );
         }

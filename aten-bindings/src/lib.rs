@@ -1,3 +1,367 @@
-//! Tessera kernels callable on `tch::Tensor`s, with PyTorch's own kernel as the
-//! fallback beside each one. The tch dependency (and its libtorch build) arrives with
-//! the ATen issue; until then this crate is empty so the workspace stays light.
+//! Tessera kernels called on `tch::Tensor`s: the Rust twin of `torch.ops.tessera.*`.
+//!
+//! Each op checks its tensors (device, dtype, rank, shape) and says which argument is
+//! wrong, runs the library kernel on the best backend that can take it (native > XLA >
+//! interpreter, or the one asked for), and returns new tensors. [`sdpa`] is the
+//! hand-tuned kernel beside PyTorch's own: it uses Tessera when the call is supported and
+//! `Tensor::scaled_dot_product_attention` otherwise.
+//!
+//! Tensors are copied into the kernels' host arrays and back (non-contiguous inputs are
+//! read through `contiguous()`).
+
+use kernel_ir::{Array, ArrayData, DType, TensorType};
+use kernels::Params;
+use runtime::Backend;
+use tch::{Device, Kind, Tensor};
+
+/// Why an op could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A tensor argument that the op cannot take (named).
+    #[error("{arg}: {problem}")]
+    BadArgument {
+        /// The argument's name.
+        arg: &'static str,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// The kernel failed to build or run.
+    #[error("{kernel}: {message}")]
+    Kernel {
+        /// The library kernel.
+        kernel: &'static str,
+        /// The error.
+        message: String,
+    },
+}
+
+fn bad(arg: &'static str, problem: impl Into<String>) -> Error {
+    Error::BadArgument {
+        arg,
+        problem: problem.into(),
+    }
+}
+
+/// The Tessera dtype of a float tensor on the CPU.
+fn float_dtype(arg: &'static str, t: &Tensor) -> Result<DType, Error> {
+    if t.device() != Device::Cpu {
+        return Err(bad(
+            arg,
+            format!("expected a CPU tensor, got {:?}", t.device()),
+        ));
+    }
+    match t.kind() {
+        Kind::Float => Ok(DType::F32),
+        Kind::BFloat16 => Ok(DType::BF16),
+        Kind::Half => Ok(DType::F16),
+        k => Err(bad(
+            arg,
+            format!("expected float32, bfloat16 or float16, got {k:?}"),
+        )),
+    }
+}
+
+fn shape(t: &Tensor) -> Vec<u64> {
+    t.size().iter().map(|&d| d as u64).collect()
+}
+
+fn check_rank(arg: &'static str, t: &Tensor, rank: usize) -> Result<(), Error> {
+    if t.dim() != rank {
+        return Err(bad(
+            arg,
+            format!("expected rank {rank}, got shape {:?}", t.size()),
+        ));
+    }
+    Ok(())
+}
+
+fn same_kind(arg: &'static str, t: &Tensor, like: &Tensor) -> Result<(), Error> {
+    if t.kind() != like.kind() {
+        return Err(bad(
+            arg,
+            format!("expected {:?}, got {:?}", like.kind(), t.kind()),
+        ));
+    }
+    Ok(())
+}
+
+/// A tensor's elements as a host array (f32 storage for every float dtype).
+fn to_array(t: &Tensor, dtype: DType) -> Array {
+    to_array_as(t, TensorType::new(dtype, shape(t)))
+}
+
+/// A tensor's elements as a host array of type `ty` (same element count).
+fn to_array_as(t: &Tensor, ty: TensorType) -> Array {
+    let flat = t.to_kind(Kind::Float).contiguous().view(-1);
+    let data = Vec::<f32>::try_from(&flat).expect("a contiguous float tensor converts");
+    Array::new(ty, ArrayData::Float(data)).expect("the element count matches the shape")
+}
+
+/// A host array as a new tensor of its dtype (bf16/f16 arrays become bf16/f16 tensors).
+pub fn tensor(a: &Array) -> Tensor {
+    let kind = match a.dtype() {
+        DType::F32 => Kind::Float,
+        DType::BF16 => Kind::BFloat16,
+        DType::F16 => Kind::Half,
+        DType::I32 => Kind::Int,
+        DType::Bool => Kind::Bool,
+    };
+    to_tensor(a, kind)
+}
+
+fn to_tensor(a: &Array, kind: Kind) -> Tensor {
+    let dims: Vec<i64> = a.shape().iter().map(|&d| d as i64).collect();
+    match a.data() {
+        ArrayData::Float(v) => Tensor::from_slice(v).view(dims.as_slice()).to_kind(kind),
+        ArrayData::Int(v) => Tensor::from_slice(v).view(dims.as_slice()),
+        ArrayData::Bool(v) => Tensor::from_slice(v).view(dims.as_slice()),
+    }
+}
+
+/// Runs library kernel `name` with `params` on `inputs`; returns its outputs and the
+/// backend that ran it.
+pub fn run(
+    name: &'static str,
+    params: &[String],
+    inputs: &[Array],
+    backend: Backend,
+) -> Result<(Vec<Array>, Backend), Error> {
+    let fail = |message: String| Error::Kernel {
+        kernel: name,
+        message,
+    };
+    let k = kernels::find(name).ok_or_else(|| fail("not a library kernel".into()))?;
+    let p = Params::parse(k.params(), params).map_err(|e| fail(e.to_string()))?;
+    let mut used = Backend::Interp;
+    let out = k
+        .run(&p, inputs, &mut |kernel, ins| {
+            let (out, resolution) = runtime::run(kernel, ins, backend)?;
+            used = resolution.backend;
+            Ok(out)
+        })
+        .map_err(|e| fail(e.to_string()))?;
+    Ok((out, used))
+}
+
+fn rows_cols(t: &Tensor) -> (u64, u64) {
+    let s = shape(t);
+    let cols = s.last().copied().unwrap_or(1);
+    (s.iter().product::<u64>() / cols.max(1), cols)
+}
+
+/// Softmax over the last dimension.
+pub fn softmax(x: &Tensor, backend: Backend) -> Result<Tensor, Error> {
+    let dt = float_dtype("x", x)?;
+    let (rows, cols) = rows_cols(x);
+    let params = [
+        format!("rows={rows}"),
+        format!("cols={cols}"),
+        format!("dtype={dt}"),
+    ];
+    let input = to_array_as(x, TensorType::new(dt, [rows, cols]));
+    let (out, _) = run("softmax", &params, &[input], backend)?;
+    Ok(to_tensor(&out[0], x.kind()).view(x.size().as_slice()))
+}
+
+/// RMSNorm over the last dimension with a `[cols]` weight.
+pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64, backend: Backend) -> Result<Tensor, Error> {
+    let dt = float_dtype("x", x)?;
+    same_kind("weight", weight, x)?;
+    let (rows, cols) = rows_cols(x);
+    if shape(weight) != [cols] {
+        return Err(bad(
+            "weight",
+            format!("expected shape [{cols}], got {:?}", weight.size()),
+        ));
+    }
+    let params = [
+        format!("rows={rows}"),
+        format!("cols={cols}"),
+        format!("dtype={dt}"),
+        format!("eps={eps:e}"),
+    ];
+    let input = to_array_as(x, TensorType::new(dt, [rows, cols]));
+    let (out, _) = run("rms_norm", &params, &[input, to_array(weight, dt)], backend)?;
+    Ok(to_tensor(&out[0], x.kind()).view(x.size().as_slice()))
+}
+
+/// LayerNorm over the last dimension with `[cols]` weight and bias.
+pub fn layer_norm(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    eps: f64,
+    backend: Backend,
+) -> Result<Tensor, Error> {
+    let dt = float_dtype("x", x)?;
+    let (rows, cols) = rows_cols(x);
+    for (arg, t) in [("weight", weight), ("bias", bias)] {
+        same_kind(arg, t, x)?;
+        if shape(t) != [cols] {
+            return Err(bad(
+                arg,
+                format!("expected shape [{cols}], got {:?}", t.size()),
+            ));
+        }
+    }
+    let params = [
+        format!("rows={rows}"),
+        format!("cols={cols}"),
+        format!("dtype={dt}"),
+        format!("eps={eps:e}"),
+    ];
+    let input = to_array_as(x, TensorType::new(dt, [rows, cols]));
+    let inputs = [input, to_array(weight, dt), to_array(bias, dt)];
+    let (out, _) = run("layer_norm", &params, &inputs, backend)?;
+    Ok(to_tensor(&out[0], x.kind()).view(x.size().as_slice()))
+}
+
+/// `a @ b` for `[m, k]` and `[k, n]` matrices.
+pub fn matmul(a: &Tensor, b: &Tensor, backend: Backend) -> Result<Tensor, Error> {
+    let dt = float_dtype("a", a)?;
+    same_kind("b", b, a)?;
+    check_rank("a", a, 2)?;
+    check_rank("b", b, 2)?;
+    let (sa, sb) = (shape(a), shape(b));
+    if sa[1] != sb[0] {
+        return Err(bad(
+            "b",
+            format!(
+                "expected {} rows to match a {:?}, got {:?}",
+                sa[1],
+                a.size(),
+                b.size()
+            ),
+        ));
+    }
+    let params = [
+        format!("m={}", sa[0]),
+        format!("k={}", sa[1]),
+        format!("n={}", sb[1]),
+        format!("dtype={dt}"),
+    ];
+    let (out, _) = run(
+        "matmul",
+        &params,
+        &[to_array(a, dt), to_array(b, dt)],
+        backend,
+    )?;
+    Ok(to_tensor(&out[0], Kind::Float).to_kind(a.kind()))
+}
+
+/// The parameters of a flash-attention call, or why Tessera's kernel cannot take it.
+fn attention_params(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    causal: bool,
+    scale: Option<f64>,
+) -> Result<Vec<String>, Error> {
+    let dt = float_dtype("q", q)?;
+    if !matches!(dt, DType::F32 | DType::BF16) {
+        return Err(bad(
+            "q",
+            format!(
+                "flash attention takes float32 or bfloat16, got {:?}",
+                q.kind()
+            ),
+        ));
+    }
+    for (arg, t) in [("q", q), ("k", k), ("v", v)] {
+        check_rank(arg, t, 4)?;
+        same_kind(arg, t, q)?;
+    }
+    let (sq, sk) = (shape(q), shape(k));
+    if sk[0] != sq[0] || sk[3] != sq[3] || k.size() != v.size() {
+        return Err(bad(
+            "k",
+            format!(
+                "shapes k {:?} / v {:?} do not match q {:?}",
+                k.size(),
+                v.size(),
+                q.size()
+            ),
+        ));
+    }
+    if sk[1] == 0 || sq[1] % sk[1] != 0 {
+        return Err(bad(
+            "k",
+            format!("{} kv heads do not divide the {} query heads", sk[1], sq[1]),
+        ));
+    }
+    let scale = scale.unwrap_or(1.0 / (sq[3] as f64).sqrt());
+    Ok(vec![
+        format!("batch={}", sq[0]),
+        format!("heads={}", sq[1]),
+        format!("kv_heads={}", sk[1]),
+        format!("q_len={}", sq[2]),
+        format!("kv_len={}", sk[2]),
+        format!("head_dim={}", sq[3]),
+        format!("causal={causal}"),
+        format!("scale={scale:e}"),
+        format!("dtype={dt}"),
+    ])
+}
+
+/// Flash attention `[B, H, Sq, D]` x `[B, Hkv, Skv, D]`: the output and its log-sum-exp.
+pub fn flash_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    causal: bool,
+    scale: Option<f64>,
+    backend: Backend,
+) -> Result<(Tensor, Tensor), Error> {
+    attention(q, k, v, causal, scale, backend).map(|(o, lse, _)| (o, lse))
+}
+
+fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    causal: bool,
+    scale: Option<f64>,
+    backend: Backend,
+) -> Result<(Tensor, Tensor, Backend), Error> {
+    let params = attention_params(q, k, v, causal, scale)?;
+    let dt = float_dtype("q", q)?;
+    let inputs = [to_array(q, dt), to_array(k, dt), to_array(v, dt)];
+    let (out, used) = run("flash_attention", &params, &inputs, backend)?;
+    Ok((
+        to_tensor(&out[0], q.kind()),
+        to_tensor(&out[1], Kind::Float),
+        used,
+    ))
+}
+
+/// Which kernel ran an [`sdpa`] call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SdpaPath {
+    /// Tessera's flash attention on this backend.
+    Tessera(Backend),
+    /// PyTorch's own kernel (the call was not one Tessera supports).
+    PyTorch,
+}
+
+/// `scaled_dot_product_attention` on CPU: Tessera's flash attention when it supports the
+/// call (no mask, no dropout, f32/bf16 CPU tensors of rank 4, heads divisible), PyTorch's
+/// kernel otherwise.
+pub fn sdpa(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    attn_mask: Option<&Tensor>,
+    dropout_p: f64,
+    causal: bool,
+    scale: Option<f64>,
+) -> (Tensor, SdpaPath) {
+    if attn_mask.is_none() && dropout_p == 0.0 {
+        if let Ok((out, _, used)) = attention(q, k, v, causal, scale, Backend::Auto) {
+            return (out, SdpaPath::Tessera(used));
+        }
+    }
+    let gqa = q.dim() == 4 && k.dim() == 4 && q.size()[1] != k.size()[1];
+    let out =
+        Tensor::scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, causal, scale, gqa);
+    (out, SdpaPath::PyTorch)
+}

@@ -1,6 +1,7 @@
 //! Shared setup of the benches: each library kernel at a small and a large size, and
-//! the plain XLA baseline of its math.
+//! the baselines of its math: plain StableHLO on XLA, and PyTorch's ATen op.
 
+pub mod torch_baseline;
 pub mod xla_baseline;
 
 use kernel_ir::{interpret, Array, InterpretOptions, Kernel};
@@ -78,6 +79,11 @@ impl Case {
             &self.inputs,
             &outputs,
         )?))
+    }
+
+    /// The op's PyTorch baseline on this case's inputs; `None` when it has none.
+    pub fn torch_baseline(&self) -> Option<torch_baseline::TorchBaseline> {
+        torch_baseline::TorchBaseline::new(self.kernel.name(), &self.params, &self.inputs)
     }
 
     /// Runs the op once on `backend`.

@@ -210,13 +210,13 @@ impl<'k> Emitter<'k> {
             .refs
             .iter()
             .map(|r| match &r.block {
-                Some(spec) => r
-                    .ty
-                    .shape
-                    .iter()
-                    .zip(&spec.block_shape)
-                    .map(|(&n, b)| n.div_ceil(b.extent()) * b.extent())
-                    .collect(),
+                Some(spec) => {
+                    r.ty.shape
+                        .iter()
+                        .zip(&spec.block_shape)
+                        .map(|(&n, b)| n.div_ceil(b.extent()) * b.extent())
+                        .collect()
+                }
                 None => r.ty.shape.clone(),
             })
             .collect();
@@ -274,7 +274,9 @@ impl<'k> Emitter<'k> {
     fn literal(&mut self, dtype: DType, v: f64, width: u64) -> String {
         let text = match dtype {
             DType::Bool => (v != 0.0).to_string(),
-            DType::BF16 | DType::F16 => literal(DType::F32, kernel_ir::round_to(dtype, v as f32) as f64),
+            DType::BF16 | DType::F16 => {
+                literal(DType::F32, kernel_ir::round_to(dtype, v as f32) as f64)
+            }
             d => literal(d, v),
         };
         self.constant(&text, &lanes_of(reg(dtype), width))
@@ -285,8 +287,9 @@ impl<'k> Emitter<'k> {
         let ty = memref_type(shape, storage(dtype));
         let name = format!("%buf{}", self.next_buffer);
         self.next_buffer += 1;
-        self.entry
-            .push(format!("    {name} = memref.alloc() {{alignment = 64 : i64}} : {ty}"));
+        self.entry.push(format!(
+            "    {name} = memref.alloc() {{alignment = 64 : i64}} : {ty}"
+        ));
         self.deallocs
             .push(format!("    memref.dealloc {name} : {ty}"));
         View {
@@ -636,7 +639,10 @@ impl<'k> Emitter<'k> {
                         None => e.literal(ty.dtype, 0.0, lane.width),
                     };
                     let t = lanes_of(reg(ty.dtype), lane.width);
-                    e.assign(&format!("arith.select {m}, {x}, {o} : {}", select_type(lane.width, &t)))
+                    e.assign(&format!(
+                        "arith.select {m}, {x}, {o} : {}",
+                        select_type(lane.width, &t)
+                    ))
                 }
             }
         })
@@ -654,7 +660,10 @@ impl<'k> Emitter<'k> {
                 let m = e.read(m, DType::Bool, lane);
                 let old = e.read(&dst, ty.dtype, lane);
                 let t = lanes_of(reg(ty.dtype), lane.width);
-                x = e.assign(&format!("arith.select {m}, {x}, {old} : {}", select_type(lane.width, &t)));
+                x = e.assign(&format!(
+                    "arith.select {m}, {x}, {old} : {}",
+                    select_type(lane.width, &t)
+                ));
             }
             e.write(&view, ty.dtype, lane, &x);
         });
@@ -760,10 +769,7 @@ impl<'k> Emitter<'k> {
             .map(|&v| (self.val(v), self.ty(v).dtype))
             .collect();
         let compute = |e: &mut Self, lane: &Lane| {
-            let args: Vec<String> = operands
-                .iter()
-                .map(|(v, d)| e.read(v, *d, lane))
-                .collect();
+            let args: Vec<String> = operands.iter().map(|(v, d)| e.read(v, *d, lane)).collect();
             let x = e.scalar_op(kind, &args, &operands, ty.dtype, lane.width);
             e.round(ty.dtype, &x, lane.width)
         };
@@ -807,12 +813,16 @@ impl<'k> Emitter<'k> {
                 let x = &a[0];
                 match (op, in_dtype) {
                     (UnaryOp::Exp, _) => self.exp(x, width),
-                    (UnaryOp::Neg, d) if d.is_float() => self.assign(&format!("arith.negf {x} : {t}")),
+                    (UnaryOp::Neg, d) if d.is_float() => {
+                        self.assign(&format!("arith.negf {x} : {t}"))
+                    }
                     (UnaryOp::Neg, _) => {
                         let z = self.literal(in_dtype, 0.0, width);
                         self.assign(&format!("arith.subi {z}, {x} : {t}"))
                     }
-                    (UnaryOp::Abs, d) if d.is_float() => self.assign(&format!("math.absf {x} : {t}")),
+                    (UnaryOp::Abs, d) if d.is_float() => {
+                        self.assign(&format!("math.absf {x} : {t}"))
+                    }
                     (UnaryOp::Abs, _) => self.assign(&format!("math.absi {x} : {t}")),
                     (UnaryOp::Log, _) => self.assign(&format!("math.log {x} : {t}")),
                     (UnaryOp::Tanh, _) => self.assign(&format!("math.tanh {x} : {t}")),
@@ -912,12 +922,16 @@ impl<'k> Emitter<'k> {
         let (ft, tt) = (lanes_of(reg(from), width), lanes_of(reg(to), width));
         match (from.is_float(), to.is_float(), from, to) {
             (true, true, ..) => x.to_string(),
-            (true, false, _, DType::I32) => self.assign(&format!("arith.fptosi {x} : {ft} to {tt}")),
+            (true, false, _, DType::I32) => {
+                self.assign(&format!("arith.fptosi {x} : {ft} to {tt}"))
+            }
             (true, false, ..) => {
                 let z = self.literal(DType::F32, 0.0, width);
                 self.assign(&format!("arith.cmpf une, {x}, {z} : {ft}"))
             }
-            (false, true, DType::Bool, _) => self.assign(&format!("arith.uitofp {x} : {ft} to {tt}")),
+            (false, true, DType::Bool, _) => {
+                self.assign(&format!("arith.uitofp {x} : {ft} to {tt}"))
+            }
             (false, true, ..) => self.assign(&format!("arith.sitofp {x} : {ft} to {tt}")),
             (false, false, DType::Bool, DType::I32) => {
                 self.assign(&format!("arith.extui {x} : {ft} to {tt}"))
@@ -1294,7 +1308,9 @@ impl<'k> Emitter<'k> {
             vacc = format!("{res}#0");
             sacc = format!("{res}#1");
         }
-        let h = self.assign(&format!("vector.reduction <{kind}>, {vacc} : {vt} into {elem}"));
+        let h = self.assign(&format!(
+            "vector.reduction <{kind}>, {vacc} : {vt} into {elem}"
+        ));
         let total = self.assign(&format!("arith.{combine} {h}, {sacc} : {elem}"));
         let total = self.round(ty.dtype, &total, 1);
         match out {
@@ -1342,17 +1358,35 @@ impl<'k> Emitter<'k> {
         let float = lt.dtype.is_float();
         let out_dtype = if float { DType::F32 } else { DType::I32 };
         let c = self.alloc(&[m, n], out_dtype);
-        let (rows_main, cols_main) = (m / TILE_ROWS * TILE_ROWS, n / (LANES * TILE_VECTORS) * LANES * TILE_VECTORS);
+        let (rows_main, cols_main) = (
+            m / TILE_ROWS * TILE_ROWS,
+            n / (LANES * TILE_VECTORS) * LANES * TILE_VECTORS,
+        );
         let cols_vec = n / LANES * LANES;
         let tiles = [
-            ((0, rows_main), (0, cols_main), TILE_ROWS, TILE_VECTORS, LANES),
+            (
+                (0, rows_main),
+                (0, cols_main),
+                TILE_ROWS,
+                TILE_VECTORS,
+                LANES,
+            ),
             ((rows_main, m), (0, cols_main), 1, TILE_VECTORS, LANES),
             ((0, m), (cols_main, cols_vec), 1, 1, LANES),
             ((0, m), (cols_vec, n), 1, 1, 1),
         ];
         for ((r0, r1), (c0, c1), rows, vectors, width) in tiles {
             if r0 < r1 && c0 < c1 {
-                self.dot_tiles((r0, r1), (c0, c1), (rows, vectors, width), k, &a, &b, &c, float);
+                self.dot_tiles(
+                    (r0, r1),
+                    (c0, c1),
+                    (rows, vectors, width),
+                    k,
+                    &a,
+                    &b,
+                    &c,
+                    float,
+                );
             }
         }
         Val::View(c)
@@ -1408,14 +1442,28 @@ impl<'k> Emitter<'k> {
         let bvec: Vec<String> = col
             .iter()
             .map(|cj| {
-                let op = if width == 1 { "memref.load" } else { "vector.load" };
-                let suffix = if width == 1 { String::new() } else { format!(", {t}") };
-                self.assign(&format!("{op} {}[{kv}, {cj}] : {}{suffix}", b.mem, b.mem_type))
+                let op = if width == 1 {
+                    "memref.load"
+                } else {
+                    "vector.load"
+                };
+                let suffix = if width == 1 {
+                    String::new()
+                } else {
+                    format!(", {t}")
+                };
+                self.assign(&format!(
+                    "{op} {}[{kv}, {cj}] : {}{suffix}",
+                    b.mem, b.mem_type
+                ))
             })
             .collect();
         let mut next = Vec::new();
         for (r, ri) in row.iter().enumerate() {
-            let s = self.assign(&format!("memref.load {}[{ri}, {kv}] : {}", a.mem, a.mem_type));
+            let s = self.assign(&format!(
+                "memref.load {}[{ri}, {kv}] : {}",
+                a.mem, a.mem_type
+            ));
             let av = if width == 1 {
                 s
             } else {
@@ -1437,7 +1485,10 @@ impl<'k> Emitter<'k> {
             for (v, cj) in col.iter().enumerate() {
                 let acc = format!("{res}#{}", r * vectors as usize + v);
                 if width == 1 {
-                    self.line(&format!("memref.store {acc}, {}[{ri}, {cj}] : {}", c.mem, c.mem_type));
+                    self.line(&format!(
+                        "memref.store {acc}, {}[{ri}, {cj}] : {}",
+                        c.mem, c.mem_type
+                    ));
                 } else {
                     self.line(&format!(
                         "vector.store {acc}, {}[{ri}, {cj}] : {}, {t}",
@@ -1608,7 +1659,11 @@ impl<'k> Emitter<'k> {
                 }
             }
             if !types.is_empty() {
-                self.line(&format!("scf.yield {} : {}", scalars.join(", "), types.join(", ")));
+                self.line(&format!(
+                    "scf.yield {} : {}",
+                    scalars.join(", "),
+                    types.join(", ")
+                ));
             }
             self.w.indent -= 1;
         }

@@ -15,8 +15,7 @@ use melior::dialect::DialectRegistry;
 use melior::ir::Module;
 use melior::pass::PassManager;
 use melior::utility::{
-    parse_pass_pipeline, register_all_dialects, register_all_llvm_translations,
-    register_all_passes,
+    parse_pass_pipeline, register_all_dialects, register_all_llvm_translations, register_all_passes,
 };
 use melior::Context;
 use mlir_sys::{
@@ -92,10 +91,17 @@ impl Compiler for JitCompiler {
         let diagnostics = Arc::new(Mutex::new(Vec::<String>::new()));
         let sink = diagnostics.clone();
         context.attach_diagnostic_handler(move |d| {
-            sink.lock().unwrap_or_else(|p| p.into_inner()).push(d.to_string());
+            sink.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(d.to_string());
             true
         });
-        let messages = || diagnostics.lock().unwrap_or_else(|p| p.into_inner()).join("; ");
+        let messages = || {
+            diagnostics
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .join("; ")
+        };
         let mut module = Module::parse(&context, text)
             .ok_or_else(|| format!("MLIR could not parse the module: {}", messages()))?;
         let passes = PassManager::new(&context);
@@ -106,10 +112,20 @@ impl Compiler for JitCompiler {
             .map_err(|_| format!("lowering to the LLVM dialect failed: {}", messages()))?;
         // melior's ExecutionEngine::new cannot report failure; the C API returns null.
         let engine = unsafe {
-            mlirExecutionEngineCreate(module.to_raw(), OPT_LEVEL, 0, std::ptr::null(), false, false)
+            mlirExecutionEngineCreate(
+                module.to_raw(),
+                OPT_LEVEL,
+                0,
+                std::ptr::null(),
+                false,
+                false,
+            )
         };
         if engine.ptr.is_null() {
-            return Err(format!("LLVM could not JIT-compile the module: {}", messages()));
+            return Err(format!(
+                "LLVM could not JIT-compile the module: {}",
+                messages()
+            ));
         }
         let entry = unsafe { mlirExecutionEngineLookupPacked(engine, string_ref(symbol)) };
         if entry.is_null() {

@@ -1,11 +1,32 @@
 //! Every op of the IR (`kernel_ir::testing::op_zoo`), including those no library kernel
-//! uses, on the XLA backend against the interpreter.
-#![cfg(tessera_pjrt)]
+//! uses, on the native and XLA backends against the interpreter.
 
 use kernel_ir::testing::op_zoo;
 use kernel_ir::{interpret, InterpretOptions};
 use runtime::Backend;
 
+fn matches_the_interpreter_on(backend: Backend) {
+    let k = op_zoo();
+    let inputs = kernel_ir::testing::op_zoo_inputs();
+    let want = interpret(&k, &inputs, &InterpretOptions::default()).unwrap();
+    let (got, _) = runtime::run(&k, &inputs, backend).unwrap();
+    let (wf, gf) = (want[0].to_f64(), got[0].to_f64());
+    for (i, (a, b)) in wf.iter().zip(&gf).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-4 * (1.0 + a.abs()),
+            "float output {i}: interp {a} {backend} {b}"
+        );
+    }
+    assert_eq!(want[1], got[1], "integer outputs differ on {backend}");
+}
+
+#[test]
+fn every_op_matches_the_interpreter_on_native() {
+    assert_eq!(Backend::Native.unavailable_because(&op_zoo()), None);
+    matches_the_interpreter_on(Backend::Native);
+}
+
+#[cfg(tessera_pjrt)]
 #[test]
 fn every_op_matches_the_interpreter_on_xla() {
     std::env::set_var(
@@ -20,15 +41,5 @@ fn every_op_matches_the_interpreter_on_xla() {
         );
         return;
     }
-    let inputs = kernel_ir::testing::op_zoo_inputs();
-    let want = interpret(&k, &inputs, &InterpretOptions::default()).unwrap();
-    let (got, _) = runtime::run(&k, &inputs, Backend::Xla).unwrap();
-    let (wf, gf) = (want[0].to_f64(), got[0].to_f64());
-    for (i, (a, b)) in wf.iter().zip(&gf).enumerate() {
-        assert!(
-            (a - b).abs() <= 1e-4 * (1.0 + a.abs()),
-            "float output {i}: interp {a} xla {b}"
-        );
-    }
-    assert_eq!(want[1], got[1], "integer outputs differ");
+    matches_the_interpreter_on(Backend::Xla);
 }

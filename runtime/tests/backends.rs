@@ -1,8 +1,7 @@
-//! The XLA backend against the interpreter and the references, for every library
-//! kernel over random shapes (ragged blocks, GQA, causal, bf16...). Needs the PJRT
-//! plugin that `make setup` installs; `make test` sets TESSERA_REQUIRE_XLA=1 so a
+//! The native and XLA backends against the interpreter and the references, for every
+//! library kernel over random shapes (ragged blocks, GQA, causal, bf16...). XLA needs the
+//! PJRT plugin that `make setup` installs; `make test` sets TESSERA_REQUIRE_XLA=1 so a
 //! missing plugin fails instead of skipping.
-#![cfg(tessera_pjrt)]
 
 use std::sync::Once;
 
@@ -21,6 +20,7 @@ fn setup() {
     });
 }
 
+#[cfg(tessera_pjrt)]
 #[test]
 fn the_xla_backend_is_available() {
     setup();
@@ -37,7 +37,30 @@ fn the_xla_backend_is_available() {
     }
 }
 
-fn xla_matches(name: &str, pairs: &[(&str, String)], seed: u64) -> Result<(), TestCaseError> {
+/// The backends under test: native, and XLA when this build has it.
+fn backends() -> Vec<Backend> {
+    let mut b = vec![Backend::Native];
+    if cfg!(tessera_pjrt) {
+        b.push(Backend::Xla);
+    }
+    b
+}
+
+/// Runs a library kernel on every backend under test and compares each with the
+/// interpreter and the reference.
+fn all_match(name: &str, pairs: &[(&str, String)], seed: u64) -> Result<(), TestCaseError> {
+    for backend in backends() {
+        matches_on(backend, name, pairs, seed)?;
+    }
+    Ok(())
+}
+
+fn matches_on(
+    backend: Backend,
+    name: &str,
+    pairs: &[(&str, String)],
+    seed: u64,
+) -> Result<(), TestCaseError> {
     setup();
     let lib = find(name).unwrap();
     let pairs: Vec<(&str, &str)> = pairs.iter().map(|(a, b)| (*a, b.as_str())).collect();
@@ -53,25 +76,28 @@ fn xla_matches(name: &str, pairs: &[(&str, String)], seed: u64) -> Result<(), Te
             }
         })
     };
-    let xla = on(Backend::Xla).map_err(|e| TestCaseError::fail(format!("{name} {p}: {e}")))?;
+    let got =
+        on(backend).map_err(|e| TestCaseError::fail(format!("{name} {p} on {backend}: {e}")))?;
     let interp =
         on(Backend::Interp).map_err(|e| TestCaseError::fail(format!("{name} {p}: {e}")))?;
     let tol = lib.tolerance(&p);
-    let vs_reference = compare(&xla, &lib.reference(&p, &inputs).unwrap(), tol);
+    let vs_reference = compare(&got, &lib.reference(&p, &inputs).unwrap(), tol);
     prop_assert!(
         vs_reference.ok(),
-        "{} {} vs reference: {:?}",
+        "{} {} on {} vs reference: {:?}",
         name,
         p,
+        backend,
         vs_reference
     );
     let interp_f64: Vec<Vec<f64>> = interp.iter().map(Array::to_f64).collect();
-    let vs_interp = compare(&xla, &interp_f64, tol);
+    let vs_interp = compare(&got, &interp_f64, tol);
     prop_assert!(
         vs_interp.ok(),
-        "{} {} vs interpreter: {:?}",
+        "{} {} on {} vs interpreter: {:?}",
         name,
         p,
+        backend,
         vs_interp
     );
     Ok(())
@@ -90,23 +116,23 @@ proptest! {
 
     #[test]
     fn matmul(m in dim(), k in dim(), n in dim(), b in 1u64..=32, dtype in dtype(), seed in 0u64..100) {
-        xla_matches("matmul", &[("m", m.to_string()), ("k", k.to_string()), ("n", n.to_string()),
+        all_match("matmul", &[("m", m.to_string()), ("k", k.to_string()), ("n", n.to_string()),
             ("bm", b.to_string()), ("bk", (b + 3).to_string()), ("bn", (b + 1).to_string()), ("dtype", dtype.into())], seed)?;
     }
 
     #[test]
     fn row_kernels(rows in dim(), cols in 2u64..=70, br in 1u64..=8, dtype in dtype(), seed in 0u64..100) {
         for name in ["softmax", "rms_norm", "layer_norm"] {
-            xla_matches(name, &[("rows", rows.to_string()), ("cols", cols.to_string()),
+            all_match(name, &[("rows", rows.to_string()), ("cols", cols.to_string()),
                 ("block_rows", br.to_string()), ("dtype", dtype.into())], seed)?;
         }
     }
 
     #[test]
     fn swiglu_and_rope(rows in dim(), cols in dim(), half in 1u64..=16, dtype in dtype(), seed in 0u64..100) {
-        xla_matches("swiglu", &[("rows", rows.to_string()), ("cols", cols.to_string()),
+        all_match("swiglu", &[("rows", rows.to_string()), ("cols", cols.to_string()),
             ("block_rows", "4".into()), ("block_cols", "16".into()), ("dtype", dtype.into())], seed)?;
-        xla_matches("rope", &[("heads", "2".into()), ("seq", rows.to_string()), ("head_dim", (2 * half).to_string()),
+        all_match("rope", &[("heads", "2".into()), ("seq", rows.to_string()), ("head_dim", (2 * half).to_string()),
             ("block_seq", "8".into()), ("dtype", dtype.into())], seed)?;
     }
 
@@ -117,7 +143,7 @@ proptest! {
         let case = [("heads", heads.0.to_string()), ("kv_heads", heads.1.to_string()), ("q_len", q_len.to_string()),
             ("kv_len", kv_len.to_string()), ("head_dim", "32".into()), ("block_q", "16".into()), ("block_k", "32".into()),
             ("causal", causal.to_string()), ("dtype", if bf16 { "bf16" } else { "f32" }.into())];
-        xla_matches("flash_attention", &case, seed)?;
-        xla_matches("flash_attention_bwd", &case, seed)?;
+        all_match("flash_attention", &case, seed)?;
+        all_match("flash_attention_bwd", &case, seed)?;
     }
 }
