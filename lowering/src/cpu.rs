@@ -131,6 +131,75 @@ enum Val {
     Iota(usize),
     /// Elements read from memory.
     View(View),
+    /// An element-wise op computed where it is read (its only use is in the same region).
+    Expr(std::rc::Rc<Expr>),
+}
+
+/// An element-wise op whose result is never stored.
+#[derive(Debug)]
+struct Expr {
+    kind: OpKind,
+    operands: Vec<(Val, DType)>,
+    dtype: DType,
+}
+
+impl Val {
+    /// The views this value reads, through its expressions.
+    fn leaves<'a>(&'a self, out: &mut Vec<&'a View>) {
+        match self {
+            Val::View(v) => out.push(v),
+            Val::Expr(e) => e.operands.iter().for_each(|(v, _)| v.leaves(out)),
+            _ => {}
+        }
+    }
+}
+
+/// The values whose only use is an element-wise read in the region that defines them:
+/// they are fused into that reader instead of being stored.
+fn fusible(k: &Kernel) -> std::collections::HashSet<Value> {
+    fn walk(
+        r: &Region,
+        id: &mut usize,
+        defs: &mut HashMap<Value, usize>,
+        uses: &mut HashMap<Value, Vec<usize>>,
+    ) {
+        let here = *id;
+        for op in &r.ops {
+            for v in op.kind.operands() {
+                uses.entry(v).or_default().push(here);
+            }
+            let element_wise = matches!(
+                op.kind,
+                OpKind::Unary { .. }
+                    | OpKind::Binary { .. }
+                    | OpKind::Compare { .. }
+                    | OpKind::Select { .. }
+                    | OpKind::Cast { .. }
+            );
+            if element_wise {
+                defs.insert(op.results[0], here);
+            }
+            let regions: Vec<&Region> = match &op.kind {
+                OpKind::For { body, .. } => vec![body],
+                OpKind::If {
+                    then_region,
+                    else_region,
+                    ..
+                } => vec![then_region, else_region],
+                _ => vec![],
+            };
+            for nested in regions {
+                *id += 1;
+                walk(nested, id, defs, uses);
+            }
+        }
+    }
+    let (mut defs, mut uses) = (HashMap::new(), HashMap::new());
+    walk(&k.body, &mut 0, &mut defs, &mut uses);
+    defs.into_iter()
+        .filter(|(v, region)| uses.get(v).is_some_and(|u| u == &[*region]))
+        .map(|(v, _)| v)
+        .collect()
 }
 
 /// A tensor read from (part of) a memref: buffer dim `i` is indexed by `offsets[i]` plus
@@ -139,6 +208,8 @@ enum Val {
 struct View {
     mem: String,
     mem_type: String,
+    /// The memref's shape.
+    shape: Vec<u64>,
     offsets: Vec<Option<String>>,
     dims: Vec<Option<usize>>,
 }
@@ -202,6 +273,8 @@ struct Emitter<'k> {
     /// Block start (index) per array dim of each ref, in the current program.
     starts: Vec<Vec<String>>,
     next_buffer: usize,
+    /// Element-wise results computed where they are read (see [`fusible`]).
+    fused: std::collections::HashSet<Value>,
 }
 
 impl<'k> Emitter<'k> {
@@ -232,6 +305,7 @@ impl<'k> Emitter<'k> {
             pids: Vec::new(),
             starts: Vec::new(),
             next_buffer: 0,
+            fused: fusible(k),
         }
     }
 
@@ -295,6 +369,7 @@ impl<'k> Emitter<'k> {
         View {
             mem: name,
             mem_type: ty,
+            shape: shape.to_vec(),
             offsets: vec![None; shape.len()],
             dims: (0..shape.len()).map(Some).collect(),
         }
@@ -513,7 +588,7 @@ impl<'k> Emitter<'k> {
             | OpKind::Binary { .. }
             | OpKind::Compare { .. }
             | OpKind::Select { .. }
-            | OpKind::Cast { .. } => self.elementwise(&op.kind, &result_ty.unwrap()),
+            | OpKind::Cast { .. } => self.elementwise(op.results[0], &op.kind, &result_ty.unwrap()),
             OpKind::Reduce { op: r, x, axes } => self.reduce(*r, *x, axes, &result_ty.unwrap()),
             OpKind::Dot {
                 lhs,
@@ -588,6 +663,7 @@ impl<'k> Emitter<'k> {
         View {
             mem: self.ref_mems[r].clone(),
             mem_type: memref_type(&self.padded[r], storage(decl.ty.dtype)),
+            shape: self.padded[r].clone(),
             offsets,
             dims,
         }
@@ -669,9 +745,22 @@ impl<'k> Emitter<'k> {
         });
     }
 
+    /// The value of `v`, stored first if it is a fused expression (for the view ops,
+    /// which re-index their operand).
+    fn stored_val(&mut self, v: Value) -> Val {
+        match self.val(v) {
+            Val::Expr(_) => {
+                let ty = self.ty(v).clone();
+                let x = self.val(v);
+                Val::View(self.pack(&x, &ty))
+            }
+            other => other,
+        }
+    }
+
     fn broadcast(&mut self, x: Value, bdims: &[usize], ty: &TensorType) -> Val {
         let xt = self.ty(x).clone();
-        match self.val(x) {
+        match self.stored_val(x) {
             Val::Scalar(s) | Val::Splat(s) => Val::Splat(s),
             Val::Iota(d) => {
                 let to = bdims[d];
@@ -694,12 +783,13 @@ impl<'k> Emitter<'k> {
                     .collect(),
                 ..v
             }),
+            Val::Expr(_) => unreachable!("stored_val stores expressions"),
         }
     }
 
     fn transpose(&mut self, x: Value, perm: &[usize]) -> Val {
         let inverse = |d: usize| perm.iter().position(|&p| p == d).unwrap();
-        match self.val(x) {
+        match self.stored_val(x) {
             Val::Iota(d) => Val::Iota(inverse(d)),
             Val::View(v) => Val::View(View {
                 dims: v.dims.iter().map(|d| d.map(inverse)).collect(),
@@ -711,7 +801,7 @@ impl<'k> Emitter<'k> {
 
     fn reshape(&mut self, x: Value, ty: &TensorType) -> Val {
         let xt = self.ty(x).clone();
-        let src = self.val(x);
+        let src = self.stored_val(x);
         if ty.is_scalar() {
             let lane = Lane {
                 idx: xt.shape.iter().map(|_| self.index(0)).collect(),
@@ -757,17 +847,25 @@ impl<'k> Emitter<'k> {
         Val::View(View {
             mem,
             mem_type: ty_text,
+            shape: ty.shape.clone(),
             offsets: vec![None; ty.rank()],
             dims: (0..ty.rank()).map(Some).collect(),
         })
     }
 
-    fn elementwise(&mut self, kind: &OpKind, ty: &TensorType) -> Val {
+    fn elementwise(&mut self, result: Value, kind: &OpKind, ty: &TensorType) -> Val {
         let operands: Vec<(Val, DType)> = kind
             .operands()
             .iter()
             .map(|&v| (self.val(v), self.ty(v).dtype))
             .collect();
+        if !ty.is_scalar() && self.fused.contains(&result) {
+            return Val::Expr(std::rc::Rc::new(Expr {
+                kind: kind.clone(),
+                operands,
+                dtype: ty.dtype,
+            }));
+        }
         let compute = |e: &mut Self, lane: &Lane| {
             let args: Vec<String> = operands.iter().map(|(v, d)| e.read(v, *d, lane)).collect();
             let x = e.scalar_op(kind, &args, &operands, ty.dtype, lane.width);
@@ -1080,6 +1178,15 @@ impl<'k> Emitter<'k> {
         let w = lane.width;
         let elem = storage(dtype);
         match v {
+            Val::Expr(e) => {
+                let args: Vec<String> = e
+                    .operands
+                    .iter()
+                    .map(|(v, d)| self.read(v, *d, lane))
+                    .collect();
+                let x = self.scalar_op(&e.kind, &args, &e.operands, e.dtype, w);
+                self.round(e.dtype, &x, w)
+            }
             Val::Scalar(s) | Val::Splat(s) => {
                 if w == 1 {
                     s.clone()
@@ -1342,7 +1449,7 @@ impl<'k> Emitter<'k> {
             Val::Iota(d) => Val::Iota(1 - d),
             other => other,
         };
-        let (mut a, mut b) = (self.val(lhs), self.val(rhs));
+        let (mut a, mut b) = (self.stored_val(lhs), self.stored_val(rhs));
         let (mut ashape, mut bshape) = (lt.shape.clone(), rt.shape.clone());
         if transpose_lhs {
             a = swap(a);
@@ -1353,8 +1460,12 @@ impl<'k> Emitter<'k> {
             bshape.reverse();
         }
         let (m, k, n) = (ashape[0], ashape[1], bshape[1]);
-        let a = self.pack(&a, &TensorType::new(lt.dtype, ashape));
-        let b = self.pack(&b, &TensorType::new(rt.dtype, bshape));
+        let a = match a {
+            // The micro-kernel reads single elements of A: a view of dense rows will do.
+            Val::View(view) if dense_rows(&view, k) => view,
+            other => self.pack(&other, &TensorType::new(lt.dtype, ashape)),
+        };
+        let b = self.dot_rhs(b, &TensorType::new(rt.dtype, bshape));
         let float = lt.dtype.is_float();
         let out_dtype = if float { DType::F32 } else { DType::I32 };
         let c = self.alloc(&[m, n], out_dtype);
@@ -1390,6 +1501,104 @@ impl<'k> Emitter<'k> {
             }
         }
         Val::View(c)
+    }
+
+    /// The dot's right operand as a view whose rows are contiguous (the micro-kernel loads
+    /// 8 consecutive elements of a row): read in place, transposed by 8x8 register
+    /// blocks, or copied.
+    fn dot_rhs(&mut self, b: Val, ty: &TensorType) -> View {
+        match b {
+            Val::View(view) if dense_rows(&view, ty.shape[1]) => view,
+            Val::View(view) if transposed_2d(&view) && ty.shape.iter().all(|d| d % LANES == 0) => {
+                self.pack_transposed(&view, ty)
+            }
+            other => self.pack(&other, ty),
+        }
+    }
+
+    /// Copies a 2-D view that reads its buffer transposed into a fresh row-major buffer,
+    /// 8x8 blocks at a time: 8 row loads, a register transpose (unpack, shuffle, lane
+    /// swap: 24 shuffles), 8 row stores. Both dims are multiples of 8.
+    fn pack_transposed(&mut self, src: &View, ty: &TensorType) -> View {
+        let out = self.alloc(&ty.shape, ty.dtype);
+        let t = lanes_of(storage(ty.dtype), LANES);
+        let (zero, step) = (self.index(0), self.index(LANES));
+        let (rows, cols) = (self.index(ty.shape[0]), self.index(ty.shape[1]));
+        let a0 = self.open_for(&zero, &rows, &step);
+        let b0 = self.open_for(&zero, &cols, &step);
+        // Source row `r` holds R[a0..a0+8, b0+r].
+        let mut v: Vec<String> = (0..LANES)
+            .map(|r| {
+                let o = self.index(r);
+                let b = self.add_index(&b0, &o);
+                let lane = Lane {
+                    idx: vec![a0.clone(), b],
+                    width: LANES,
+                };
+                let ix = self.view_indices(src, &lane, 0).join(", ");
+                self.assign(&format!(
+                    "vector.load {}[{ix}] : {}, {t}",
+                    src.mem, src.mem_type
+                ))
+            })
+            .collect();
+        let stages: [(&[(usize, usize)], [u64; 8], [u64; 8]); 3] = [
+            (
+                &[(0, 1), (2, 3), (4, 5), (6, 7)],
+                [0, 8, 1, 9, 4, 12, 5, 13],
+                [2, 10, 3, 11, 6, 14, 7, 15],
+            ),
+            (
+                &[(0, 2), (1, 3), (4, 6), (5, 7)],
+                [0, 1, 8, 9, 4, 5, 12, 13],
+                [2, 3, 10, 11, 6, 7, 14, 15],
+            ),
+            (
+                &[(0, 4), (1, 5), (2, 6), (3, 7)],
+                [0, 1, 2, 3, 8, 9, 10, 11],
+                [4, 5, 6, 7, 12, 13, 14, 15],
+            ),
+        ];
+        // Stages 1 and 2 put pair k's results in slots 2k, 2k+1; stage 3 puts pair
+        // (x, y)'s in x and y, leaving column i of the block in slot i.
+        for (stage, (pairs, lo, hi)) in stages.iter().enumerate() {
+            let mut next = v.clone();
+            for (k, &(x, y)) in pairs.iter().enumerate() {
+                let list =
+                    |m: &[u64; 8]| m.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
+                let l = self.assign(&format!(
+                    "vector.shuffle {}, {} [{}] : {t}, {t}",
+                    v[x],
+                    v[y],
+                    list(lo)
+                ));
+                let h = self.assign(&format!(
+                    "vector.shuffle {}, {} [{}] : {t}, {t}",
+                    v[x],
+                    v[y],
+                    list(hi)
+                ));
+                let (dl, dh) = if stage < 2 {
+                    (2 * k, 2 * k + 1)
+                } else {
+                    (x, y)
+                };
+                next[dl] = l;
+                next[dh] = h;
+            }
+            v = next;
+        }
+        for (i, row) in v.iter().enumerate() {
+            let o = self.index(i as u64);
+            let a = self.add_index(&a0, &o);
+            self.line(&format!(
+                "vector.store {row}, {}[{a}, {b0}] : {}, {t}",
+                out.mem, out.mem_type
+            ));
+        }
+        self.close();
+        self.close();
+        out
     }
 
     /// Register tiles of `rows x (vectors * width)` over `rows x cols` of `c = a b`.
@@ -1442,28 +1651,29 @@ impl<'k> Emitter<'k> {
         let bvec: Vec<String> = col
             .iter()
             .map(|cj| {
-                let op = if width == 1 {
-                    "memref.load"
-                } else {
-                    "vector.load"
+                let lane = Lane {
+                    idx: vec![kv.clone(), cj.clone()],
+                    width,
                 };
-                let suffix = if width == 1 {
-                    String::new()
+                let ix = self.view_indices(b, &lane, 0).join(", ");
+                if width == 1 {
+                    self.assign(&format!("memref.load {}[{ix}] : {}", b.mem, b.mem_type))
                 } else {
-                    format!(", {t}")
-                };
-                self.assign(&format!(
-                    "{op} {}[{kv}, {cj}] : {}{suffix}",
-                    b.mem, b.mem_type
-                ))
+                    self.assign(&format!(
+                        "vector.load {}[{ix}] : {}, {t}",
+                        b.mem, b.mem_type
+                    ))
+                }
             })
             .collect();
         let mut next = Vec::new();
         for (r, ri) in row.iter().enumerate() {
-            let s = self.assign(&format!(
-                "memref.load {}[{ri}, {kv}] : {}",
-                a.mem, a.mem_type
-            ));
+            let lane = Lane {
+                idx: vec![ri.clone(), kv.clone()],
+                width: 1,
+            };
+            let ix = self.view_indices(a, &lane, 0).join(", ");
+            let s = self.assign(&format!("memref.load {}[{ix}] : {}", a.mem, a.mem_type));
             let av = if width == 1 {
                 s
             } else {
@@ -1580,12 +1790,19 @@ impl<'k> Emitter<'k> {
                 None => scalar_yields.push(self.scalar(y)),
                 Some(b) => {
                     let ty = self.ty(y).clone();
-                    let reads_carried = matches!(&v, Val::View(w) if carried.contains(&w.mem));
-                    let same = matches!(&v, Val::View(w) if w.mem == b.mem && w.dims == b.dims && w.offsets == b.offsets);
-                    if same {
+                    let identical =
+                        |w: &View| w.mem == b.mem && w.dims == b.dims && w.offsets == b.offsets;
+                    if matches!(&v, Val::View(w) if identical(w)) {
                         continue;
                     }
-                    let v = if reads_carried {
+                    // Reading its own buffer element by element is safe; anything else
+                    // that reads a carried buffer is staged before the first copy.
+                    let mut leaves = Vec::new();
+                    v.leaves(&mut leaves);
+                    let hazard = leaves
+                        .iter()
+                        .any(|w| carried.contains(&w.mem) && !identical(w));
+                    let v = if hazard {
                         Val::View(self.pack(&v, &ty))
                     } else {
                         v
@@ -1680,6 +1897,23 @@ impl<'k> Emitter<'k> {
             self.values.insert(*r, v);
         }
     }
+}
+
+/// Whether a 2-D view's rows are `cols` consecutive elements of its buffer, one
+/// buffer row each: the micro-kernel reads it in place. A window of a wider array is
+/// copied instead (rows a page apart thrash the L1 sets and the TLB).
+fn dense_rows(v: &View, cols: u64) -> bool {
+    v.dims.last() == Some(&Some(1)) && v.shape.last() == Some(&cols)
+}
+
+/// Whether a 2-D value reads its buffer transposed: the buffer's last dim is the value's
+/// first, the one before it the value's second, and no other buffer dim moves.
+fn transposed_2d(v: &View) -> bool {
+    let n = v.dims.len();
+    n >= 2
+        && v.dims[n - 1] == Some(0)
+        && v.dims[n - 2] == Some(1)
+        && v.dims[..n - 2].iter().all(Option::is_none)
 }
 
 /// The values a region's closing `yield` passes out (none when it has no yield).
