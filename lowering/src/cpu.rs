@@ -18,6 +18,7 @@
 //!   interpreter does. Bools are stored as bytes.
 
 use std::collections::HashMap;
+use std::f64::consts::LN_2;
 use std::fmt::Write as _;
 
 use kernel_ir::{
@@ -1043,15 +1044,20 @@ impl<'k> Emitter<'k> {
     }
 
     /// `exp` as a degree-6 polynomial on `x - n ln2` scaled by `2^n` (Cephes `expf`):
-    /// relative error about 1e-7; `-inf` (and anything below the f32 range) gives 0,
-    /// `+inf` stays `+inf`, NaN stays NaN.
+    /// relative error about 1e-7. The input is clamped so that `n` lies in [-127, 128],
+    /// where the exponent bits of `2^n` are 0 (the result is 0, so `-inf` gives 0) and
+    /// 255 (`+inf`); the clamps are `select`s that x86 does in one `vminps`/`vmaxps`.
+    /// NaN passes through.
     fn exp(&mut self, x: &str, width: u64) -> String {
         let t = lanes_of("f32", width);
         let ti = lanes_of("i32", width);
         let c = |e: &mut Self, v: f64| e.literal(DType::F32, v, width);
-        let (hi, lo) = (c(self, 88.376_26), c(self, -87.336_55));
-        let clamped = self.assign(&format!("arith.minnumf {x}, {hi} : {t}"));
-        let clamped = self.assign(&format!("arith.maxnumf {clamped}, {lo} : {t}"));
+        let (hi, lo) = (c(self, 128.0 * LN_2), c(self, -127.0 * LN_2));
+        let st = select_type(width, &t);
+        let below = self.assign(&format!("arith.cmpf olt, {x}, {hi} : {t}"));
+        let clamped = self.assign(&format!("arith.select {below}, {x}, {hi} : {st}"));
+        let above = self.assign(&format!("arith.cmpf ogt, {clamped}, {lo} : {t}"));
+        let clamped = self.assign(&format!("arith.select {above}, {clamped}, {lo} : {st}"));
         let log2e = c(self, std::f64::consts::LOG2_E);
         let scaled = self.assign(&format!("arith.mulf {clamped}, {log2e} : {t}"));
         let n = self.assign(&format!("math.roundeven {scaled} : {t}"));
@@ -1082,14 +1088,6 @@ impl<'k> Emitter<'k> {
         let e = self.assign(&format!("arith.shli {e}, {shift} : {ti}"));
         let scale = self.assign(&format!("arith.bitcast {e} : {ti} to {t}"));
         let y = self.assign(&format!("arith.mulf {p}, {scale} : {t}"));
-        // Below the range: 0; above: +inf; NaN passes through.
-        let under = self.assign(&format!("arith.cmpf olt, {x}, {lo} : {t}"));
-        let zero = c(self, 0.0);
-        let st = select_type(width, &t);
-        let y = self.assign(&format!("arith.select {under}, {zero}, {y} : {st}"));
-        let over = self.assign(&format!("arith.cmpf ogt, {x}, {hi} : {t}"));
-        let inf = c(self, f64::INFINITY);
-        let y = self.assign(&format!("arith.select {over}, {inf}, {y} : {st}"));
         let nan = self.assign(&format!("arith.cmpf uno, {x}, {x} : {t}"));
         self.assign(&format!("arith.select {nan}, {x}, {y} : {st}"))
     }
@@ -1482,7 +1480,7 @@ impl<'k> Emitter<'k> {
                 TILE_VECTORS,
                 LANES,
             ),
-            ((rows_main, m), (0, cols_main), 1, TILE_VECTORS, LANES),
+            ((rows_main, m), (0, cols_main), m - rows_main, TILE_VECTORS, LANES),
             ((0, m), (cols_main, cols_vec), 1, 1, LANES),
             ((0, m), (cols_vec, n), 1, 1, 1),
         ];

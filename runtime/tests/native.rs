@@ -1,0 +1,139 @@
+//! What only the native backend does: its polynomial `exp`, carried buffers that swap in
+//! a loop, parallel programs split across threads, and the kernels it declines.
+
+use kernel_ir::dsl::prelude::*;
+use kernel_ir::dsl::for_range;
+use kernel_ir::{interpret, Array, InterpretOptions};
+use runtime::{Backend, Error};
+
+fn whole(shape: [u64; 2]) -> BlockSpecFn {
+    block_spec(shape, |_| vec![0.into(), 0.into()])
+}
+
+fn f32_array(shape: [u64; 2], data: Vec<f32>) -> Array {
+    Array::from_f32(DType::F32, shape, data).unwrap()
+}
+
+#[test]
+fn exp_matches_libm_over_the_whole_f32_range() {
+    let ty = TensorType::new(DType::F32, [8, 16]);
+    let k = pallas_call(|x: Ref, o: Ref| o.write(x.read().exp()))
+        .grid([1])
+        .input(ty.clone(), whole([8, 16]))
+        .output(ty, whole([8, 16]))
+        .build()
+        .unwrap();
+    let mut xs = vec![
+        f32::NEG_INFINITY,
+        f32::INFINITY,
+        f32::NAN,
+        0.0,
+        -0.0,
+        1e-30,
+        -1e-30,
+        88.0,
+        -87.0,
+        -100.0,
+        100.0,
+    ];
+    while xs.len() < 128 {
+        let i = xs.len() as f32;
+        xs.push((i - 70.0) * 1.37);
+    }
+    let (got, _) = runtime::run(&k, &[f32_array([8, 16], xs.clone())], Backend::Native).unwrap();
+    for (x, y) in xs.iter().zip(got[0].as_f32().unwrap()) {
+        let want = x.exp();
+        let ok = if want.is_nan() {
+            y.is_nan()
+        } else if want.is_infinite() || *x > 88.0 {
+            *y == want || (*y - want).abs() <= 2e-6 * want
+        } else {
+            (y - want).abs() <= 2e-6 * want.abs() + 1e-37
+        };
+        assert!(ok, "exp({x}) = {y}, libm says {want}");
+    }
+}
+
+#[test]
+fn loops_that_swap_carried_tensors_match_the_interpreter() {
+    let ty = TensorType::new(DType::F32, [4, 8]);
+    let k = pallas_call(|x: Ref, o: Ref| {
+        let a = x.read();
+        let b = a * 2.0 + 1.0;
+        // Fibonacci on tensors: the next `a` is the old `b`, the next `b` reads both.
+        let (a, b) = for_range(0, 5, 1, (a, b), |_, (a, b)| (b, a + b.t().t()));
+        o.write(a * 10.0 + b);
+    })
+    .grid([1])
+    .input(ty.clone(), whole([4, 8]))
+    .output(ty, whole([4, 8]))
+    .build()
+    .unwrap();
+    let x = f32_array([4, 8], (0..32).map(|i| i as f32 * 0.25).collect());
+    let want = interpret(&k, std::slice::from_ref(&x), &InterpretOptions::default()).unwrap();
+    let (got, _) = runtime::run(&k, &[x], Backend::Native).unwrap();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn parallel_programs_write_their_own_blocks() {
+    // 37 programs on however many cores: each writes its row block plus its program id.
+    let ty = TensorType::new(DType::F32, [37 * 8, 16]);
+    let k = pallas_call(|x: Ref, o: Ref| {
+        let p = program_id(0).cast(DType::F32);
+        o.write(x.read() + p.broadcast_to([8, 16]));
+    })
+    .grid([37])
+    .input(
+        ty.clone(),
+        block_spec([8, 16], |i| vec![i[0].clone(), 0.into()]),
+    )
+    .output(ty, block_spec([8, 16], |i| vec![i[0].clone(), 0.into()]))
+    .build()
+    .unwrap();
+    let x = f32_array([37 * 8, 16], (0..37 * 8 * 16).map(|i| i as f32).collect());
+    let want = interpret(&k, std::slice::from_ref(&x), &InterpretOptions::default()).unwrap();
+    let (got, _) = runtime::run(&k, &[x], Backend::Native).unwrap();
+    assert_eq!(got, want);
+}
+
+fn computed_divisor() -> kernel_ir::Kernel {
+    let ty = TensorType::new(DType::I32, [8, 8]);
+    pallas_call(|a: Ref, b: Ref, o: Ref| o.write(a.read() / b.read()))
+        .grid([1])
+        .input(ty.clone(), whole([8, 8]))
+        .input(ty.clone(), whole([8, 8]))
+        .output(ty, whole([8, 8]))
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn integer_division_by_a_computed_divisor_falls_back_with_the_reason() {
+    let k = computed_divisor();
+    let reason = Backend::Native.unavailable_because(&k).expect("native declines");
+    assert!(reason.contains("division by zero"), "{reason}");
+    match runtime::resolve(Backend::Native, &k) {
+        Err(Error::Unavailable { backend, .. }) => assert_eq!(backend, Backend::Native),
+        other => panic!("expected an error, got {other:?}"),
+    }
+    let r = runtime::resolve(Backend::Auto, &k).unwrap();
+    assert_ne!(r.backend, Backend::Native);
+    assert!(r.fallbacks[0].starts_with("native: integer div"), "{:?}", r.fallbacks);
+}
+
+#[test]
+fn the_jit_reports_bad_modules_instead_of_crashing() {
+    use runtime::cache::Compiler;
+    let jit = runtime::native::JitCompiler;
+    let e = jit.compile("module { func.func @k( }").err().unwrap();
+    assert!(e.contains("could not parse"), "{e}");
+    // Parses, but no pass lowers `tensor.empty` to LLVM.
+    let e = jit
+        .compile("module { func.func @k() -> tensor<4xf32> { %0 = tensor.empty() : tensor<4xf32> return %0 : tensor<4xf32> } }")
+        .err()
+        .unwrap();
+    assert!(!e.is_empty());
+    let ok = "module { func.func @k() attributes {llvm.emit_c_interface} { return } }";
+    assert!(jit.compile(ok).is_ok());
+}
