@@ -1,5 +1,6 @@
-//! Every library kernel at two sizes on each backend, with the plain XLA baseline of the
-//! same math timed in the same process (`cargo bench -p benches`).
+//! Every library kernel at two sizes on each backend, with the baselines of the same
+//! math timed in the same process: PyTorch's ATen op (through tch) and a plain StableHLO
+//! module on XLA (`cargo bench -p benches`).
 
 use benches::{sizes, Case};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
@@ -21,6 +22,12 @@ fn backends(c: &mut Criterion) {
             group.bench_function(format!("interp/{label}"), |b| {
                 b.iter(|| case.run_interpreter().expect("the kernel runs"))
             });
+            group.bench_function(format!("native/{label}"), |b| {
+                b.iter(|| case.run_on(Backend::Native).expect("the kernel runs"))
+            });
+            if let Some(torch) = case.torch_baseline() {
+                group.bench_function(format!("torch/{label}"), |b| b.iter(|| torch.run()));
+            }
             if !xla {
                 continue;
             }

@@ -389,11 +389,11 @@ impl<'k> Emitter<'k> {
         self.line("}");
     }
 
-    fn to_index(&mut self, i32_value: &str) -> String {
+    fn index_of(&mut self, i32_value: &str) -> String {
         self.assign(&format!("arith.index_cast {i32_value} : i32 to index"))
     }
 
-    fn to_i32(&mut self, index: &str) -> String {
+    fn i32_of(&mut self, index: &str) -> String {
         self.assign(&format!("arith.index_cast {index} : index to i32"))
     }
 
@@ -463,7 +463,7 @@ impl<'k> Emitter<'k> {
             pids.push(self.open_for(&zero, &hi, &one));
             opened += 1;
         }
-        self.pids = pids.iter().map(|p| self.to_i32(p)).collect();
+        self.pids = pids.iter().map(|p| self.i32_of(p)).collect();
         self.block_starts();
         let body = &k.body;
         self.region(body);
@@ -477,7 +477,7 @@ impl<'k> Emitter<'k> {
         match e {
             IndexExpr::ProgramId(axis) => {
                 let p = self.pids[*axis].clone();
-                self.to_index(&p)
+                self.index_of(&p)
             }
             IndexExpr::Const(c) => self.constant(&c.to_string(), "index"),
             IndexExpr::Bin(op, a, b) => {
@@ -638,7 +638,7 @@ impl<'k> Emitter<'k> {
                 Index::Full => (base, true),
                 Index::At(v) => {
                     let i = self.scalar(v);
-                    let i = self.to_index(&i);
+                    let i = self.index_of(&i);
                     (self.add_index(&base, &i), false)
                 }
                 Index::Slice { start, .. } => {
@@ -646,7 +646,7 @@ impl<'k> Emitter<'k> {
                         Start::Static(s) => self.index(s),
                         Start::Dynamic(v) => {
                             let i = self.scalar(v);
-                            self.to_index(&i)
+                            self.index_of(&i)
                         }
                     };
                     (self.add_index(&base, &s), true)
@@ -1153,10 +1153,7 @@ impl<'k> Emitter<'k> {
         let last = lane.idx.len().wrapping_sub(1);
         (0..view.dims.len())
             .map(|i| {
-                let mut ix = match view.dims[i] {
-                    Some(d) => Some(lane.idx[d].clone()),
-                    None => None,
-                };
+                let mut ix = view.dims[i].map(|d| lane.idx[d].clone());
                 if shift > 0 && view.dims[i] == Some(last) {
                     let s = self.index(shift);
                     ix = Some(self.add_index(ix.as_ref().unwrap(), &s));
@@ -1195,7 +1192,7 @@ impl<'k> Emitter<'k> {
             }
             Val::Iota(d) => {
                 let last = lane.idx.len() - 1;
-                let i = self.to_i32(&lane.idx[*d]);
+                let i = self.i32_of(&lane.idx[*d]);
                 if w == 1 {
                     return i;
                 }
@@ -1480,7 +1477,13 @@ impl<'k> Emitter<'k> {
                 TILE_VECTORS,
                 LANES,
             ),
-            ((rows_main, m), (0, cols_main), m - rows_main, TILE_VECTORS, LANES),
+            (
+                (rows_main, m),
+                (0, cols_main),
+                m - rows_main,
+                TILE_VECTORS,
+                LANES,
+            ),
             ((0, m), (cols_main, cols_vec), 1, 1, LANES),
             ((0, m), (cols_vec, n), 1, 1, 1),
         ];
@@ -1540,7 +1543,7 @@ impl<'k> Emitter<'k> {
                 ))
             })
             .collect();
-        let stages: [(&[(usize, usize)], [u64; 8], [u64; 8]); 3] = [
+        let stages: [TransposeStage; 3] = [
             (
                 &[(0, 1), (2, 3), (4, 5), (6, 7)],
                 [0, 8, 1, 9, 4, 12, 5, 13],
@@ -1731,7 +1734,7 @@ impl<'k> Emitter<'k> {
         body: &Region,
     ) {
         let (lo, hi, st) = (self.scalar(lower), self.scalar(upper), self.scalar(step));
-        let (lo, hi, st) = (self.to_index(&lo), self.to_index(&hi), self.to_index(&st));
+        let (lo, hi, st) = (self.index_of(&lo), self.index_of(&hi), self.index_of(&st));
         let mut buffers: Vec<Option<View>> = Vec::new();
         let mut scalar_inits = Vec::new();
         for &init in inits {
@@ -1766,7 +1769,7 @@ impl<'k> Emitter<'k> {
             ));
         }
         self.w.indent += 1;
-        let iv32 = self.to_i32(&iv);
+        let iv32 = self.i32_of(&iv);
         self.values.insert(body.args[0], Val::Scalar(iv32));
         let mut scalars = scalar_args.iter();
         for (arg, buf) in body.args[1..].iter().zip(&buffers) {
@@ -1896,6 +1899,10 @@ impl<'k> Emitter<'k> {
         }
     }
 }
+
+/// One stage of the 8x8 transpose: the register pairs it combines and the shuffle masks
+/// of the two results of each pair.
+type TransposeStage = (&'static [(usize, usize)], [u64; 8], [u64; 8]);
 
 /// Whether a 2-D view's rows are `cols` consecutive elements of its buffer, one
 /// buffer row each: the micro-kernel reads it in place. A window of a wider array is

@@ -1,8 +1,8 @@
 //! What only the native backend does: its polynomial `exp`, carried buffers that swap in
 //! a loop, parallel programs split across threads, and the kernels it declines.
 
-use kernel_ir::dsl::prelude::*;
 use kernel_ir::dsl::for_range;
+use kernel_ir::dsl::prelude::*;
 use kernel_ir::{interpret, Array, InterpretOptions};
 use runtime::{Backend, Error};
 
@@ -111,7 +111,9 @@ fn computed_divisor() -> kernel_ir::Kernel {
 #[test]
 fn integer_division_by_a_computed_divisor_falls_back_with_the_reason() {
     let k = computed_divisor();
-    let reason = Backend::Native.unavailable_because(&k).expect("native declines");
+    let reason = Backend::Native
+        .unavailable_because(&k)
+        .expect("native declines");
     assert!(reason.contains("division by zero"), "{reason}");
     match runtime::resolve(Backend::Native, &k) {
         Err(Error::Unavailable { backend, .. }) => assert_eq!(backend, Backend::Native),
@@ -119,7 +121,11 @@ fn integer_division_by_a_computed_divisor_falls_back_with_the_reason() {
     }
     let r = runtime::resolve(Backend::Auto, &k).unwrap();
     assert_ne!(r.backend, Backend::Native);
-    assert!(r.fallbacks[0].starts_with("native: integer div"), "{:?}", r.fallbacks);
+    assert!(
+        r.fallbacks[0].starts_with("native: integer div"),
+        "{:?}",
+        r.fallbacks
+    );
 }
 
 #[test]
