@@ -32,6 +32,8 @@ use crate::text::{literal, Writer};
 const LANES: u64 = 8;
 /// Rows of the dot micro-kernel's register tile.
 const TILE_ROWS: u64 = 6;
+/// Independent vector accumulators of a reduction along the last dim.
+const REDUCE_ACCUMULATORS: u64 = 4;
 /// Vectors per row of the dot micro-kernel's register tile.
 const TILE_VECTORS: u64 = 2;
 
@@ -1375,33 +1377,63 @@ impl<'k> Emitter<'k> {
             accs = (va, sa);
         }
         let (mut vacc, mut sacc) = accs.clone();
-        for (lo, hi, width) in [(0, main, LANES), (main, last, 1)] {
+        // Independent accumulators hide the latency of the combining op.
+        let unrolled = last / (LANES * REDUCE_ACCUMULATORS) * LANES * REDUCE_ACCUMULATORS;
+        let segments = [
+            (0, unrolled, LANES, REDUCE_ACCUMULATORS),
+            (unrolled, main, LANES, 1),
+            (main, last, 1, 1),
+        ];
+        for (lo, hi, width, count) in segments {
             if lo == hi {
                 continue;
             }
-            let (lo_c, hi_c, step) = (self.index(lo), self.index(hi), self.index(width));
+            let (lo_c, hi_c) = (self.index(lo), self.index(hi));
+            let step = self.index(width * count);
             let iv = self.w.fresh();
-            let a = self.w.fresh();
             let res = self.w.fresh();
             let t = lanes_of(elem, width);
-            let init = if width == 1 { &sacc } else { &vacc };
+            let init = if width == 1 {
+                sacc.clone()
+            } else {
+                vacc.clone()
+            };
+            let args: Vec<String> = (0..count).map(|_| self.w.fresh()).collect();
+            // The first accumulator starts from the running value, the others from the
+            // identity.
+            let identity = self.literal(xt.dtype, identity, width);
+            let inits = args
+                .iter()
+                .enumerate()
+                .map(|(i, a)| format!("{a} = {}", if i == 0 { &init } else { &identity }))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let types = vec![t.clone(); count as usize].join(", ");
             self.line(&format!(
-                "{res} = scf.for {iv} = {lo_c} to {hi_c} step {step} iter_args({a} = {init}) -> ({t}) {{"
+                "{res}:{count} = scf.for {iv} = {lo_c} to {hi_c} step {step} iter_args({inits}) -> ({types}) {{"
             ));
             self.w.indent += 1;
-            idx[rank - 1] = iv;
-            let lane = Lane {
-                idx: idx.clone(),
-                width,
-            };
-            let v = self.read(&src, xt.dtype, &lane);
-            let r = self.assign(&format!("arith.{combine} {a}, {v} : {t}"));
-            self.line(&format!("scf.yield {r} : {t}"));
+            let mut next = Vec::new();
+            for (i, a) in args.iter().enumerate() {
+                let off = self.index(i as u64 * width);
+                idx[rank - 1] = self.add_index(&iv, &off);
+                let lane = Lane {
+                    idx: idx.clone(),
+                    width,
+                };
+                let v = self.read(&src, xt.dtype, &lane);
+                next.push(self.assign(&format!("arith.{combine} {a}, {v} : {t}")));
+            }
+            self.line(&format!("scf.yield {} : {types}", next.join(", ")));
             self.close();
+            let mut acc = format!("{res}#0");
+            for i in 1..count {
+                acc = self.assign(&format!("arith.{combine} {acc}, {res}#{i} : {t}"));
+            }
             if width == 1 {
-                sacc = res;
+                sacc = acc;
             } else {
-                vacc = res;
+                vacc = acc;
             }
         }
         for res in headers.iter().rev() {
