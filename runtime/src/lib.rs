@@ -253,12 +253,27 @@ mod tests {
             .unwrap()
     }
 
+    /// A kernel the native backend declines (integer division by a loaded divisor).
+    fn divides() -> Kernel {
+        let ty = TensorType::new(DType::I32, [8]);
+        pallas_call(|a: Ref, b: Ref, o: Ref| o.write(a.read() / b.read()))
+            .grid([1])
+            .input(ty.clone(), block_spec([8], |_| vec![0.into()]))
+            .input(ty.clone(), block_spec([8], |_| vec![0.into()]))
+            .output(ty, block_spec([8], |_| vec![0.into()]))
+            .build()
+            .unwrap()
+    }
+
     #[test]
     fn auto_picks_the_best_available_backend_and_says_why() {
         let r = resolve(Backend::Auto, &tiny()).unwrap();
+        assert_eq!(r.backend, Backend::Native);
+        assert!(r.fallbacks.is_empty());
+        let r = resolve(Backend::Auto, &divides()).unwrap();
         let best = Backend::PREFERENCE
             .into_iter()
-            .find(|b| b.unavailable_because(&tiny()).is_none())
+            .find(|b| b.unavailable_because(&divides()).is_none())
             .unwrap();
         assert_eq!(r.backend, best);
         assert!(r.fallbacks[0].starts_with("native: "), "{:?}", r.fallbacks);
@@ -268,7 +283,7 @@ mod tests {
 
     #[test]
     fn unavailable_backends_are_errors_when_asked_for() {
-        let e = resolve(Backend::Native, &tiny()).unwrap_err();
+        let e = resolve(Backend::Native, &divides()).unwrap_err();
         assert!(e.to_string().starts_with("backend `native` is unavailable"));
         assert!("cuda".parse::<Backend>().is_err());
         assert_eq!("native".parse::<Backend>().unwrap(), Backend::Native);
