@@ -57,22 +57,24 @@ fn run_checks_against_the_reference() {
 }
 
 #[test]
-fn every_kernel_runs_with_auto() {
+fn every_kernel_runs_with_auto_and_native() {
     for k in kernels::all() {
-        let o = tessera(&[
-            "run",
-            k.name(),
-            "--backend",
-            "auto",
-            "--shape",
-            small_shape(k.name()),
-        ]);
-        assert!(o.status.success(), "{}: {}", k.name(), stderr(&o));
-        let out = stdout(&o);
-        assert!(
-            out.contains(" backend=") && out.trim_end().ends_with(" ok"),
-            "{out}"
-        );
+        for (backend, expect) in [("auto", " backend="), ("native", " backend=native ok")] {
+            let o = tessera(&[
+                "run",
+                k.name(),
+                "--backend",
+                backend,
+                "--shape",
+                small_shape(k.name()),
+            ]);
+            assert!(o.status.success(), "{}: {}", k.name(), stderr(&o));
+            let out = stdout(&o);
+            assert!(
+                out.contains(expect) && out.trim_end().ends_with(" ok"),
+                "{out}"
+            );
+        }
     }
 }
 
@@ -90,7 +92,7 @@ fn bad_usage_exits_2_with_one_message() {
     for args in [
         &["run", "nope"][..],
         &["run", "matmul", "--backend", "tpu"],
-        &["run", "matmul", "--backend", "native"],
+        &["bench", "softmax", "--vs", "numpy"],
         &["run", "matmul", "--shape", "m=0"],
         &["run", "matmul", "--shape", "mm=3"],
         &["run", "rope", "--shape", "head_dim=7"],
@@ -190,9 +192,28 @@ fn bench_reports_time_throughput_and_peaks() {
     ] {
         assert!(line.contains(key), "{key} missing in {line}");
     }
-    let o = tessera(&["bench", "softmax", "--vs", "torch"]);
+    let o = tessera(&[
+        "bench",
+        "flash_attention",
+        "--backend",
+        "native",
+        "--vs",
+        "torch",
+        "--shape",
+        "q_len=64,kv_len=64",
+        "--runs",
+        "2",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("\"baseline\":{\"name\":\"torch\",\"median_ms\":"),
+        "{}",
+        stdout(&o)
+    );
+    let o = tessera(&["bench", "flash_attention_bwd", "--vs", "torch"]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("baseline `torch` is not built"));
+    assert!(stderr(&o).contains("has no PyTorch baseline"));
     let o = tessera(&[
         "bench",
         "softmax",
@@ -265,6 +286,9 @@ fn lower_prints_modules_for_each_target() {
         "{}",
         stderr(&o)
     );
+    let o = tessera(&["lower", "softmax", "--target", "cpu-mlir"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("func.func @softmax(%lo: index, %hi: index, %step: index"));
     let o = tessera(&["lower", "softmax", "--target", "ptx"]);
     assert_eq!(o.status.code(), Some(2));
 }
