@@ -6,8 +6,9 @@
 //! hand-tuned kernel beside PyTorch's own: it uses Tessera when the call is supported and
 //! `Tensor::scaled_dot_product_attention` otherwise.
 //!
-//! Tensors are copied into the kernels' host arrays and back (non-contiguous inputs are
-//! read through `contiguous()`).
+//! A single-kernel op on f32 tensors that runs natively reads and writes the tensors'
+//! storage in place; other calls (bf16/f16, the XLA or interpreter backends) copy
+//! through host arrays. Non-contiguous inputs are read through `contiguous()`.
 
 use kernel_ir::{Array, ArrayData, DType, TensorType};
 use kernels::Params;
@@ -85,11 +86,6 @@ fn same_kind(arg: &'static str, t: &Tensor, like: &Tensor) -> Result<(), Error> 
     Ok(())
 }
 
-/// A tensor's elements as a host array (f32 storage for every float dtype).
-fn to_array(t: &Tensor, dtype: DType) -> Array {
-    to_array_as(t, TensorType::new(dtype, shape(t)))
-}
-
 /// A tensor's elements as a host array of type `ty` (same element count).
 fn to_array_as(t: &Tensor, ty: TensorType) -> Array {
     let flat = t.to_kind(Kind::Float).contiguous().view(-1);
@@ -143,6 +139,59 @@ pub fn run(
     Ok((out, used))
 }
 
+/// Runs library kernel `name` on tensors, each given with the array type the kernel sees
+/// (same element count). A single-kernel op that runs natively on f32 tensors reads and
+/// writes the tensors' storage in place; anything else goes through host arrays.
+fn call(
+    name: &'static str,
+    params: &[String],
+    inputs: &[(&Tensor, TensorType)],
+    backend: Backend,
+) -> Result<(Vec<Tensor>, Backend), Error> {
+    let fail = |message: String| Error::Kernel {
+        kernel: name,
+        message,
+    };
+    let k = kernels::find(name).ok_or_else(|| fail("not a library kernel".into()))?;
+    let p = Params::parse(k.params(), params).map_err(|e| fail(e.to_string()))?;
+    let built = k.build(&p).map_err(|e| fail(e.to_string()))?;
+    if let [kernel] = built.as_slice() {
+        let f32_only = kernel
+            .input_types()
+            .iter()
+            .chain(&kernel.output_types())
+            .all(|t| t.dtype == DType::F32);
+        let native = runtime::resolve(backend, kernel).is_ok_and(|r| r.backend == Backend::Native);
+        if f32_only && native {
+            let contiguous: Vec<Tensor> = inputs.iter().map(|(t, _)| t.contiguous()).collect();
+            let outputs: Vec<Tensor> = kernel
+                .output_types()
+                .iter()
+                .map(|t| {
+                    let dims: Vec<i64> = t.shape.iter().map(|&d| d as i64).collect();
+                    Tensor::empty(dims.as_slice(), (Kind::Float, Device::Cpu))
+                })
+                .collect();
+            let ins: Vec<*const std::ffi::c_void> = contiguous
+                .iter()
+                .map(|t| t.data_ptr() as *const _)
+                .collect();
+            let outs: Vec<*mut std::ffi::c_void> = outputs.iter().map(Tensor::data_ptr).collect();
+            // SAFETY: contiguous f32 CPU tensors of the kernel's element counts (the ops
+            // check shapes), and fresh outputs of its output types.
+            unsafe { runtime::native::backend().run_in_place(kernel, &ins, &outs) }
+                .map_err(|e| fail(e.to_string()))?;
+            return Ok((outputs, Backend::Native));
+        }
+    }
+    let arrays: Vec<Array> = inputs
+        .iter()
+        .map(|(t, ty)| to_array_as(t, ty.clone()))
+        .collect();
+    let (out, used) = run(name, params, &arrays, backend)?;
+    Ok((out.iter().map(tensor).collect(), used))
+}
+
 fn rows_cols(t: &Tensor) -> (u64, u64) {
     let s = shape(t);
     let cols = s.last().copied().unwrap_or(1);
@@ -158,9 +207,9 @@ pub fn softmax(x: &Tensor, backend: Backend) -> Result<Tensor, Error> {
         format!("cols={cols}"),
         format!("dtype={dt}"),
     ];
-    let input = to_array_as(x, TensorType::new(dt, [rows, cols]));
-    let (out, _) = run("softmax", &params, &[input], backend)?;
-    Ok(to_tensor(&out[0], x.kind()).view(x.size().as_slice()))
+    let input = (x, TensorType::new(dt, [rows, cols]));
+    let (out, _) = call("softmax", &params, &[input], backend)?;
+    Ok(out[0].view(x.size().as_slice()))
 }
 
 /// RMSNorm over the last dimension with a `[cols]` weight.
@@ -180,9 +229,12 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64, backend: Backend) -> Resu
         format!("dtype={dt}"),
         format!("eps={eps:e}"),
     ];
-    let input = to_array_as(x, TensorType::new(dt, [rows, cols]));
-    let (out, _) = run("rms_norm", &params, &[input, to_array(weight, dt)], backend)?;
-    Ok(to_tensor(&out[0], x.kind()).view(x.size().as_slice()))
+    let inputs = [
+        (x, TensorType::new(dt, [rows, cols])),
+        (weight, TensorType::new(dt, [cols])),
+    ];
+    let (out, _) = call("rms_norm", &params, &inputs, backend)?;
+    Ok(out[0].view(x.size().as_slice()))
 }
 
 /// LayerNorm over the last dimension with `[cols]` weight and bias.
@@ -210,10 +262,13 @@ pub fn layer_norm(
         format!("dtype={dt}"),
         format!("eps={eps:e}"),
     ];
-    let input = to_array_as(x, TensorType::new(dt, [rows, cols]));
-    let inputs = [input, to_array(weight, dt), to_array(bias, dt)];
-    let (out, _) = run("layer_norm", &params, &inputs, backend)?;
-    Ok(to_tensor(&out[0], x.kind()).view(x.size().as_slice()))
+    let inputs = [
+        (x, TensorType::new(dt, [rows, cols])),
+        (weight, TensorType::new(dt, [cols])),
+        (bias, TensorType::new(dt, [cols])),
+    ];
+    let (out, _) = call("layer_norm", &params, &inputs, backend)?;
+    Ok(out[0].view(x.size().as_slice()))
 }
 
 /// `a @ b` for `[m, k]` and `[k, n]` matrices.
@@ -240,13 +295,9 @@ pub fn matmul(a: &Tensor, b: &Tensor, backend: Backend) -> Result<Tensor, Error>
         format!("n={}", sb[1]),
         format!("dtype={dt}"),
     ];
-    let (out, _) = run(
-        "matmul",
-        &params,
-        &[to_array(a, dt), to_array(b, dt)],
-        backend,
-    )?;
-    Ok(to_tensor(&out[0], Kind::Float).to_kind(a.kind()))
+    let inputs = [(a, TensorType::new(dt, sa)), (b, TensorType::new(dt, sb))];
+    let (out, _) = call("matmul", &params, &inputs, backend)?;
+    Ok(out[0].to_kind(a.kind()))
 }
 
 /// The parameters of a flash-attention call, or why Tessera's kernel cannot take it.
@@ -325,11 +376,13 @@ fn attention(
 ) -> Result<(Tensor, Tensor, Backend), Error> {
     let params = attention_params(q, k, v, causal, scale)?;
     let dt = float_dtype("q", q)?;
-    let inputs = [to_array(q, dt), to_array(k, dt), to_array(v, dt)];
-    let (out, used) = run("flash_attention", &params, &inputs, backend)?;
+    let typed = |t: &Tensor| TensorType::new(dt, shape(t));
+    let inputs = [(q, typed(q)), (k, typed(k)), (v, typed(v))];
+    let (mut out, used) = call("flash_attention", &params, &inputs, backend)?;
+    let lse = out.pop().expect("flash attention returns o and lse");
     Ok((
-        to_tensor(&out[0], q.kind()),
-        to_tensor(&out[1], Kind::Float),
+        out.pop().expect("flash attention returns o and lse"),
+        lse.to_kind(Kind::Float),
         used,
     ))
 }

@@ -97,6 +97,51 @@ fn types(buffers: &[Buffer], what: &str) -> PyResult<Vec<TensorType>> {
 
 /// Runs library kernel `kernel` with parameters `params` (`name=value` items) on
 /// `inputs` and writes its outputs into `outputs`; returns the backend that ran it.
+/// The zero-copy path: a single-kernel op that runs natively on f32/i32/bool buffers
+/// reads the tensors' storage and writes the outputs' directly. `None` when it does not
+/// apply (then the caller copies through arrays).
+#[allow(clippy::too_many_arguments)]
+fn run_in_place(
+    py: Python<'_>,
+    k: &dyn kernels::LibraryKernel,
+    p: &Params,
+    requested: Backend,
+    inputs: &[Buffer],
+    outputs: &[Buffer],
+    in_types: &[TensorType],
+    out_types: &[TensorType],
+) -> Option<Result<String, String>> {
+    let mut built = k.build(p).ok()?;
+    if built.len() != 1 {
+        return None;
+    }
+    let kernel = built.pop()?;
+    let narrow = |t: &TensorType| matches!(t.dtype, DType::BF16 | DType::F16);
+    if kernel.input_types() != in_types
+        || kernel.output_types() != out_types
+        || in_types.iter().chain(out_types).any(narrow)
+        || runtime::resolve(requested, &kernel).ok()?.backend != Backend::Native
+    {
+        return None;
+    }
+    let ins: Vec<usize> = inputs.iter().map(|b| b.0).collect();
+    let outs: Vec<usize> = outputs.iter().map(|b| b.0).collect();
+    let result = py.detach(|| {
+        catch_unwind(AssertUnwindSafe(|| {
+            let ins: Vec<*const std::ffi::c_void> = ins.iter().map(|&a| a as *const _).collect();
+            let outs: Vec<*mut std::ffi::c_void> = outs.iter().map(|&a| a as *mut _).collect();
+            // SAFETY: the Python side passes the data pointers of contiguous CPU tensors
+            // of exactly these types (checked above), and fresh output tensors.
+            unsafe { runtime::native::backend().run_in_place(&kernel, &ins, &outs) }
+        }))
+    });
+    Some(match result {
+        Ok(Ok(())) => Ok(Backend::Native.name().to_string()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("internal error (panic)".into()),
+    })
+}
+
 #[pyfunction]
 #[pyo3(signature = (kernel, params, inputs, outputs, backend = "auto"))]
 fn run(
@@ -115,6 +160,11 @@ fn run(
         .map_err(|e: runtime::Error| PyValueError::new_err(e.to_string()))?;
     let in_types = types(&inputs, "input")?;
     let out_types = types(&outputs, "output")?;
+    if let Some(used) = run_in_place(
+        py, k, &p, requested, &inputs, &outputs, &in_types, &out_types,
+    ) {
+        return used.map_err(|e| PyRuntimeError::new_err(format!("{kernel} {p}: {e}")));
+    }
     let result = py.detach(|| {
         catch_unwind(AssertUnwindSafe(
             || -> Result<(Vec<Array>, Backend), BoxError> {

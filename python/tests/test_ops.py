@@ -140,6 +140,20 @@ def test_backend_context_manager_and_explain():
             pass
 
 
+def test_native_f32_ops_use_the_tensors_storage_in_place(capfd, monkeypatch):
+    monkeypatch.setenv("TESSERA_LOG", "debug")
+    x = torch.randn(13, 70)  # 13 rows: a ragged last block, padded through a copy
+    close(ops.softmax(x), torch.softmax(x, -1), torch.float32)
+    q, k, v = torch.randn(1, 2, 33, 16), torch.randn(1, 1, 47, 16), torch.randn(1, 1, 47, 16)
+    want = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    close(ops.flash_attention(q, k, v), want, torch.float32)
+    err = capfd.readouterr().err
+    assert "native @softmax: running in place on the caller's buffers" in err, err
+    assert "native @flash_attention_fwd: running in place" in err, err
+    ops.softmax(x.to(torch.bfloat16))  # bf16 storage is not f32: copied, not in place
+    assert "running in place" not in capfd.readouterr().err
+
+
 def test_torch_compile_fullgraph():
     def block(x, w, q, k, v):
         h = ops.rms_norm(x, w, 1e-5)

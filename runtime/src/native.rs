@@ -161,50 +161,32 @@ pub fn backend() -> &'static Native {
     })
 }
 
-/// A host buffer laid out as one of the module's memrefs.
-enum Buffer<'a> {
-    /// An input used in place.
-    Borrowed(&'a ArrayData),
-    /// A padded copy, or an output.
-    Owned(ArrayData),
-}
-
-impl Buffer<'_> {
-    fn data(&self) -> &ArrayData {
-        match self {
-            Buffer::Borrowed(d) => d,
-            Buffer::Owned(d) => d,
-        }
-    }
-
-    /// The data pointer the kernel reads and (for outputs) writes through.
-    fn ptr(&self) -> *mut c_void {
-        match self.data() {
-            ArrayData::Float(v) => v.as_ptr() as *mut c_void,
-            ArrayData::Int(v) => v.as_ptr() as *mut c_void,
-            // `bool` is one byte holding 0 or 1: the kernel's i8 storage.
-            ArrayData::Bool(v) => v.as_ptr() as *mut c_void,
-        }
+/// Bytes per element of a dtype's host storage (floats are f32, bools one byte).
+fn element_bytes(d: DType) -> usize {
+    match d {
+        DType::Bool => 1,
+        _ => 4,
     }
 }
 
 /// Zeros of `dtype`, `n` elements. Large buffers ask for transparent huge pages, so the
 /// kernel's first writes fault once per 2 MiB instead of once per 4 KiB.
 fn zeros(dtype: DType, n: usize) -> ArrayData {
-    fn huge<T: Clone>(zero: T, n: usize) -> Vec<T> {
-        let v = vec![zero; n];
-        let bytes = n * std::mem::size_of::<T>();
-        if bytes >= 4 << 20 {
-            // SAFETY: advice only, on memory this Vec owns; failure changes nothing.
-            unsafe { libc::madvise(v.as_ptr() as *mut libc::c_void, bytes, libc::MADV_HUGEPAGE) };
-        }
-        v
-    }
     match dtype {
         DType::I32 => ArrayData::Int(huge(0, n)),
         DType::Bool => ArrayData::Bool(huge(false, n)),
         _ => ArrayData::Float(huge(0.0, n)),
     }
+}
+
+fn huge<T: Clone>(zero: T, n: usize) -> Vec<T> {
+    let v = vec![zero; n];
+    let bytes = n * std::mem::size_of::<T>();
+    if bytes >= 4 << 20 {
+        // SAFETY: advice only, on memory this Vec owns; failure changes nothing.
+        unsafe { libc::madvise(v.as_ptr() as *mut c_void, bytes, libc::MADV_HUGEPAGE) };
+    }
+    v
 }
 
 /// Copies the rows (last-dim runs) of a `from`-shaped row-major array into the top-left
@@ -234,13 +216,14 @@ fn copy_rows<T: Copy>(src: &[T], dst: &mut [T], from: &[u64], to: &[u64], pad: b
     }
 }
 
-fn copy_data(src: &ArrayData, dst: &mut ArrayData, from: &[u64], to: &[u64], pad: bool) {
-    match (src, dst) {
-        (ArrayData::Float(s), ArrayData::Float(d)) => copy_rows(s, d, from, to, pad),
-        (ArrayData::Int(s), ArrayData::Int(d)) => copy_rows(s, d, from, to, pad),
-        (ArrayData::Bool(s), ArrayData::Bool(d)) => copy_rows(s, d, from, to, pad),
-        _ => unreachable!("buffers are allocated with their array's dtype"),
+/// A shape with its last dim counted in bytes (for byte-wise row copies).
+fn byte_shape(shape: &[u64], dtype: DType) -> Vec<u64> {
+    let mut s = shape.to_vec();
+    match s.last_mut() {
+        Some(last) => *last *= element_bytes(dtype) as u64,
+        None => s.push(element_bytes(dtype) as u64),
     }
+    s
 }
 
 /// The words of a memref descriptor: allocated and aligned pointer, offset, sizes, strides.
@@ -272,6 +255,64 @@ impl Native {
     /// Lowers, compiles (or finds in the cache) and runs `kernel` on `inputs`.
     pub fn run(&self, kernel: &Kernel, inputs: &[Array]) -> Result<Vec<Array>, crate::Error> {
         kernel_ir::check_inputs(kernel, inputs)?;
+        let (module, exe) = self.compile(kernel)?;
+        Ok(execute(kernel, &module, &exe, inputs))
+    }
+
+    /// Runs `kernel` on caller-owned storage without copying it (only arrays that are
+    /// not a whole number of blocks go through padded copies): `inputs[i]` and
+    /// `outputs[i]` point to row-major arrays of the kernel's input and output types.
+    /// Every I/O dtype must be f32, i32 or bool (one byte), the layouts callers such as
+    /// PyTorch share.
+    ///
+    /// # Safety
+    /// Each pointer must address a whole array of its type, valid for the call; outputs
+    /// must not overlap inputs or each other.
+    pub unsafe fn run_in_place(
+        &self,
+        kernel: &Kernel,
+        inputs: &[*const c_void],
+        outputs: &[*mut c_void],
+    ) -> Result<(), crate::Error> {
+        let types: Vec<_> = kernel
+            .input_types()
+            .into_iter()
+            .chain(kernel.output_types())
+            .collect();
+        if let Some(t) = types
+            .iter()
+            .find(|t| matches!(t.dtype, DType::BF16 | DType::F16))
+        {
+            return Err(crate::Error::Native(format!(
+                "in-place runs take f32, i32 and bool arrays, not {t}"
+            )));
+        }
+        if inputs.len() != kernel.input_types().len()
+            || outputs.len() != kernel.output_types().len()
+        {
+            return Err(crate::Error::Native(format!(
+                "@{} takes {} inputs and {} outputs, got {} and {} buffers",
+                kernel.name,
+                kernel.input_types().len(),
+                kernel.output_types().len(),
+                inputs.len(),
+                outputs.len()
+            )));
+        }
+        let (module, exe) = self.compile(kernel)?;
+        debug(|| {
+            format!(
+                "native @{}: running in place on the caller's buffers",
+                kernel.name
+            )
+        });
+        // SAFETY: the caller vouches for the buffers; counts and dtypes are checked above.
+        unsafe { execute_raw(kernel, &module, &exe, inputs, outputs) };
+        Ok(())
+    }
+
+    /// The kernel's module and its JIT-compiled code (from the cache when it has them).
+    fn compile(&self, kernel: &Kernel) -> Result<(CpuModule, Arc<Jitted>), crate::Error> {
         if let Some(reason) = lowering::cpu::unsupported(kernel) {
             return Err(crate::Error::Unavailable {
                 backend: crate::Backend::Native,
@@ -296,42 +337,98 @@ impl Native {
                 t.elapsed().as_secs_f64() * 1e3
             )
         });
-        Ok(execute(kernel, &module, &exe, inputs))
+        Ok((module, exe))
     }
 }
 
-/// Pads the arrays, runs the programs on all cores and unpads the outputs.
+/// Allocates the outputs, runs the kernel on the arrays' storage, returns the outputs.
 fn execute(kernel: &Kernel, module: &CpuModule, exe: &Jitted, inputs: &[Array]) -> Vec<Array> {
+    let mut outputs: Vec<ArrayData> = kernel
+        .output_types()
+        .iter()
+        .map(|t| zeros(t.dtype, t.num_elements() as usize))
+        .collect();
+    let input_ptrs: Vec<*const c_void> = inputs.iter().map(|a| data_ptr(a.data())).collect();
+    let output_ptrs: Vec<*mut c_void> = outputs
+        .iter_mut()
+        .map(|d| data_ptr(d) as *mut c_void)
+        .collect();
+    // SAFETY: check_inputs matched every input to its type; outputs were just allocated
+    // with their types' sizes.
+    unsafe { execute_raw(kernel, module, exe, &input_ptrs, &output_ptrs) };
+    kernel
+        .output_types()
+        .into_iter()
+        .zip(outputs)
+        .map(|(t, d)| Array::new(t, d).expect("the output buffer has the array's size"))
+        .collect()
+}
+
+fn data_ptr(d: &ArrayData) -> *const c_void {
+    match d {
+        ArrayData::Float(v) => v.as_ptr() as *const c_void,
+        ArrayData::Int(v) => v.as_ptr() as *const c_void,
+        // `bool` is one byte holding 0 or 1: the kernel's i8 storage.
+        ArrayData::Bool(v) => v.as_ptr() as *const c_void,
+    }
+}
+
+/// Runs the programs on all cores on caller storage (row-major, f32/i32/byte elements of
+/// the kernel's I/O types), through padded copies where an array is not a whole number
+/// of blocks.
+///
+/// # Safety
+/// Each pointer addresses a whole array of its ref's type; outputs overlap nothing.
+unsafe fn execute_raw(
+    kernel: &Kernel,
+    module: &CpuModule,
+    exe: &Jitted,
+    inputs: &[*const c_void],
+    outputs: &[*mut c_void],
+) {
     let io: Vec<_> = kernel
         .refs
         .iter()
         .filter(|r| r.kind != RefKind::Scratch)
         .collect();
-    let mut buffers = Vec::with_capacity(io.len());
-    let mut inputs = inputs.iter();
+    // Padded copies (u32 words, so f32/i32 stay aligned) and where outputs go back.
+    let mut copies: Vec<Vec<u32>> = Vec::new();
+    let mut ptrs = Vec::with_capacity(io.len());
+    let mut unpad = Vec::new();
+    let (mut ins, mut outs) = (inputs.iter(), outputs.iter());
     for (decl, padded) in io.iter().zip(&module.padded_shapes) {
-        let n = padded.iter().product::<u64>() as usize;
-        buffers.push(match decl.kind {
-            RefKind::Input => {
-                let a = inputs.next().expect("check_inputs counted the inputs");
-                if *padded == decl.ty.shape {
-                    Buffer::Borrowed(a.data())
-                } else {
-                    let mut d = zeros(decl.ty.dtype, n);
-                    copy_data(a.data(), &mut d, &decl.ty.shape, padded, true);
-                    Buffer::Owned(d)
-                }
-            }
-            _ => Buffer::Owned(zeros(decl.ty.dtype, n)),
-        });
+        let user = match decl.kind {
+            RefKind::Input => *ins.next().expect("one pointer per input") as *mut c_void,
+            _ => *outs.next().expect("one pointer per output"),
+        };
+        if *padded == decl.ty.shape {
+            ptrs.push(user);
+            continue;
+        }
+        let eb = element_bytes(decl.ty.dtype);
+        let (small, big) = (
+            byte_shape(&decl.ty.shape, decl.ty.dtype),
+            byte_shape(padded, decl.ty.dtype),
+        );
+        let big_len = big.iter().product::<u64>() as usize;
+        let small_len = decl.ty.num_elements() as usize * eb;
+        let mut words = huge(0u32, big_len.div_ceil(4));
+        let bytes =
+            unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr() as *mut u8, big_len) };
+        if decl.kind == RefKind::Input {
+            let src = unsafe { std::slice::from_raw_parts(user as *const u8, small_len) };
+            copy_rows(src, bytes, &small, &big, true);
+        } else {
+            unpad.push((copies.len(), user, small, big, small_len, big_len));
+        }
+        ptrs.push(words.as_mut_ptr() as *mut c_void);
+        copies.push(words);
     }
-    let workers = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(module.parallel_programs.max(1) as usize);
-    let descriptors: Vec<Vec<u64>> = buffers
+    let workers = rayon::current_num_threads().min(module.parallel_programs.max(1) as usize);
+    let descriptors: Vec<Vec<u64>> = ptrs
         .iter()
         .zip(&module.padded_shapes)
-        .map(|(b, shape)| descriptor(b.ptr(), shape))
+        .map(|(&p, shape)| descriptor(p, shape))
         .collect();
     let args = Args(descriptors);
     let run = |worker: usize| {
@@ -354,23 +451,9 @@ fn execute(kernel: &Kernel, module: &CpuModule, exe: &Jitted, inputs: &[Array]) 
         }
         run(0);
     });
-
-    io.iter()
-        .zip(buffers)
-        .zip(&module.padded_shapes)
-        .filter(|((decl, _), _)| decl.kind == RefKind::Output)
-        .map(|((decl, buffer), padded)| {
-            let Buffer::Owned(data) = buffer else {
-                unreachable!("outputs are owned")
-            };
-            let data = if *padded == decl.ty.shape {
-                data
-            } else {
-                let mut d = zeros(decl.ty.dtype, decl.ty.num_elements() as usize);
-                copy_data(&data, &mut d, padded, &decl.ty.shape, false);
-                d
-            };
-            Array::new(decl.ty.clone(), data).expect("the output buffer has the array's size")
-        })
-        .collect()
+    for (i, user, small, big, small_len, big_len) in unpad {
+        let src = unsafe { std::slice::from_raw_parts(copies[i].as_ptr() as *const u8, big_len) };
+        let dst = unsafe { std::slice::from_raw_parts_mut(user as *mut u8, small_len) };
+        copy_rows(src, dst, &big, &small, false);
+    }
 }

@@ -143,3 +143,40 @@ fn the_jit_reports_bad_modules_instead_of_crashing() {
     let ok = "module { func.func @k() attributes {llvm.emit_c_interface} { return } }";
     assert!(jit.compile(ok).is_ok());
 }
+
+#[test]
+fn in_place_runs_read_and_write_caller_storage() {
+    // 13 rows in blocks of 4: the input is padded through a copy, the output unpadded.
+    let lib = kernels::find("softmax").unwrap();
+    let p = kernels::Params::parse(
+        lib.params(),
+        &["rows=13".into(), "cols=70".into(), "block_rows=4".into()],
+    )
+    .unwrap();
+    let k = &lib.build(&p).unwrap()[0];
+    let x = lib.inputs(&p, 7).unwrap();
+    let want = interpret(k, &x, &InterpretOptions::default()).unwrap();
+    let mut out = vec![f32::NAN; 13 * 70];
+    let native = runtime::native::backend();
+    unsafe {
+        native
+            .run_in_place(
+                k,
+                &[x[0].as_f32().unwrap().as_ptr() as *const _],
+                &[out.as_mut_ptr() as *mut _],
+            )
+            .unwrap();
+    }
+    for (a, b) in out.iter().zip(want[0].as_f32().unwrap()) {
+        assert!((a - b).abs() <= 1e-6, "{a} vs {b}");
+    }
+    let p16 = kernels::Params::parse(lib.params(), &["dtype=bf16".into()]).unwrap();
+    let k16 = &lib.build(&p16).unwrap()[0];
+    let e = unsafe { native.run_in_place(k16, &[std::ptr::null()], &[std::ptr::null_mut()]) };
+    assert!(e.unwrap_err().to_string().contains("f32, i32 and bool"));
+    let e = unsafe { native.run_in_place(k, &[], &[]) };
+    assert!(e
+        .unwrap_err()
+        .to_string()
+        .contains("takes 1 inputs and 1 outputs"));
+}
