@@ -214,27 +214,7 @@ pub fn softmax(x: &Tensor, backend: Backend) -> Result<Tensor, Error> {
 
 /// RMSNorm over the last dimension with a `[cols]` weight.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64, backend: Backend) -> Result<Tensor, Error> {
-    let dt = float_dtype("x", x)?;
-    same_kind("weight", weight, x)?;
-    let (rows, cols) = rows_cols(x);
-    if shape(weight) != [cols] {
-        return Err(bad(
-            "weight",
-            format!("expected shape [{cols}], got {:?}", weight.size()),
-        ));
-    }
-    let params = [
-        format!("rows={rows}"),
-        format!("cols={cols}"),
-        format!("dtype={dt}"),
-        format!("eps={eps:e}"),
-    ];
-    let inputs = [
-        (x, TensorType::new(dt, [rows, cols])),
-        (weight, TensorType::new(dt, [cols])),
-    ];
-    let (out, _) = call("rms_norm", &params, &inputs, backend)?;
-    Ok(out[0].view(x.size().as_slice()))
+    norm("rms_norm", x, &[("weight", weight)], eps, backend)
 }
 
 /// LayerNorm over the last dimension with `[cols]` weight and bias.
@@ -245,9 +225,27 @@ pub fn layer_norm(
     eps: f64,
     backend: Backend,
 ) -> Result<Tensor, Error> {
+    norm(
+        "layer_norm",
+        x,
+        &[("weight", weight), ("bias", bias)],
+        eps,
+        backend,
+    )
+}
+
+/// A row-wise norm of `x` with `[cols]` parameter vectors (named for errors).
+fn norm(
+    name: &'static str,
+    x: &Tensor,
+    vectors: &[(&'static str, &Tensor)],
+    eps: f64,
+    backend: Backend,
+) -> Result<Tensor, Error> {
     let dt = float_dtype("x", x)?;
     let (rows, cols) = rows_cols(x);
-    for (arg, t) in [("weight", weight), ("bias", bias)] {
+    let mut inputs = vec![(x, TensorType::new(dt, [rows, cols]))];
+    for &(arg, t) in vectors {
         same_kind(arg, t, x)?;
         if shape(t) != [cols] {
             return Err(bad(
@@ -255,6 +253,7 @@ pub fn layer_norm(
                 format!("expected shape [{cols}], got {:?}", t.size()),
             ));
         }
+        inputs.push((t, TensorType::new(dt, [cols])));
     }
     let params = [
         format!("rows={rows}"),
@@ -262,12 +261,7 @@ pub fn layer_norm(
         format!("dtype={dt}"),
         format!("eps={eps:e}"),
     ];
-    let inputs = [
-        (x, TensorType::new(dt, [rows, cols])),
-        (weight, TensorType::new(dt, [cols])),
-        (bias, TensorType::new(dt, [cols])),
-    ];
-    let (out, _) = call("layer_norm", &params, &inputs, backend)?;
+    let (out, _) = call(name, &params, &inputs, backend)?;
     Ok(out[0].view(x.size().as_slice()))
 }
 

@@ -27,6 +27,23 @@ pub fn sizes(name: &str) -> [(&'static str, Vec<String>); 2] {
     }
 }
 
+/// Small cases (kernel, parameter overrides) on which the tests check each baseline
+/// against the kernel's reference: odd sizes, bf16, GQA, causal.
+pub const BASELINE_CHECKS: &[(&str, &str)] = &[
+    ("matmul", "m=40,k=33,n=20"),
+    ("matmul", "m=64,k=64,n=64,dtype=bf16"),
+    ("softmax", "rows=13,cols=70"),
+    ("rms_norm", "rows=9,cols=33"),
+    ("layer_norm", "rows=9,cols=33,dtype=bf16"),
+    ("swiglu", "rows=5,cols=17"),
+    ("rope", "batch=2,heads=3,seq=11,head_dim=8"),
+    ("flash_attention", "heads=4,kv_heads=2,q_len=33,kv_len=47"),
+    (
+        "flash_attention",
+        "heads=2,kv_heads=1,q_len=20,kv_len=20,causal=true,dtype=bf16",
+    ),
+];
+
 /// A library kernel ready to run: its parameters and inputs.
 pub struct Case {
     /// The kernel.

@@ -1,7 +1,7 @@
 //! The XLA baselines compute the same math as the library kernels: each is checked
 //! against the kernel's f64 reference (so a bench never compares against wrong work).
 
-use benches::Case;
+use benches::{Case, BASELINE_CHECKS};
 use kernels::{compare, find};
 
 fn xla_available() -> bool {
@@ -29,21 +29,7 @@ fn baselines_match_the_references() {
         "TESSERA_CACHE_DIR",
         std::env::temp_dir().join("tessera-baseline-test-cache"),
     );
-    let cases: &[(&str, &str)] = &[
-        ("matmul", "m=40,k=33,n=20"),
-        ("matmul", "m=64,k=64,n=64,dtype=bf16"),
-        ("softmax", "rows=13,cols=70"),
-        ("rms_norm", "rows=9,cols=33"),
-        ("layer_norm", "rows=9,cols=33,dtype=bf16"),
-        ("swiglu", "rows=5,cols=17"),
-        ("rope", "batch=2,heads=3,seq=11,head_dim=8"),
-        ("flash_attention", "heads=4,kv_heads=2,q_len=33,kv_len=47"),
-        (
-            "flash_attention",
-            "heads=2,kv_heads=1,q_len=20,kv_len=20,causal=true,dtype=bf16",
-        ),
-    ];
-    for (name, overrides) in cases {
+    for (name, overrides) in BASELINE_CHECKS {
         let k = find(name).unwrap();
         let case = Case::new(k, &[overrides.to_string()]).unwrap();
         let got = case.run_xla_baseline().unwrap().expect("a baseline exists");

@@ -264,6 +264,21 @@ impl RefDecl {
         }
     }
 
+    /// The array's shape padded up to a whole number of blocks (the shape itself for
+    /// scratch): what the backends allocate so that every block window is in bounds.
+    pub fn padded_shape(&self) -> Vec<u64> {
+        match &self.block {
+            Some(spec) => self
+                .ty
+                .shape
+                .iter()
+                .zip(&spec.block_shape)
+                .map(|(&n, b)| n.div_ceil(b.extent()) * b.extent())
+                .collect(),
+            None => self.ty.shape.clone(),
+        }
+    }
+
     /// The type the kernel body sees when it loads or stores this ref.
     pub fn kernel_type(&self) -> TensorType {
         match &self.block {
@@ -604,6 +619,19 @@ impl OpKind {
             OpKind::For { .. } => "for",
             OpKind::If { .. } => "if",
             OpKind::Yield { .. } => "yield",
+        }
+    }
+
+    /// The regions nested in this op (a `for` body, an `if`'s two branches).
+    pub fn regions(&self) -> Vec<&Region> {
+        match self {
+            OpKind::For { body, .. } => vec![body],
+            OpKind::If {
+                then_region,
+                else_region,
+                ..
+            } => vec![then_region, else_region],
+            _ => vec![],
         }
     }
 

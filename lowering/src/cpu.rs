@@ -26,7 +26,7 @@ use kernel_ir::{
     ReduceOp, RefKind, Region, Start, TensorType, UnaryOp, Value,
 };
 
-use crate::text::{literal, Writer};
+use crate::text::{literal, scf_if_header, Writer};
 
 /// Lanes per vector: 256-bit AVX2 registers of 32-bit elements.
 const LANES: u64 = 8;
@@ -54,12 +54,13 @@ pub struct CpuModule {
 pub fn unsupported(kernel: &Kernel) -> Option<String> {
     fn walk(k: &Kernel, r: &Region) -> Option<String> {
         for op in &r.ops {
-            match &op.kind {
-                OpKind::Binary {
-                    op: BinaryOp::Div | BinaryOp::Rem,
-                    lhs,
-                    rhs,
-                } if !k.type_of(*lhs).dtype.is_float() && !is_nonzero_const(k, r, *rhs) => {
+            if let OpKind::Binary {
+                op: BinaryOp::Div | BinaryOp::Rem,
+                lhs,
+                rhs,
+            } = &op.kind
+            {
+                if !k.type_of(*lhs).dtype.is_float() && !is_nonzero_const(r, *rhs) {
                     return Some(format!(
                         "integer {} by a computed divisor (%{}): native code cannot report \
                          division by zero",
@@ -67,26 +68,15 @@ pub fn unsupported(kernel: &Kernel) -> Option<String> {
                         rhs.0
                     ));
                 }
-                OpKind::For { body, .. } => {
-                    if let Some(e) = walk(k, body) {
-                        return Some(e);
-                    }
-                }
-                OpKind::If {
-                    then_region,
-                    else_region,
-                    ..
-                } => {
-                    if let Some(e) = walk(k, then_region).or_else(|| walk(k, else_region)) {
-                        return Some(e);
-                    }
-                }
-                _ => {}
+            }
+            if let Some(e) = op.kind.regions().into_iter().find_map(|r| walk(k, r)) {
+                return Some(e);
             }
         }
         None
     }
-    fn is_nonzero_const(_k: &Kernel, r: &Region, v: Value) -> bool {
+    /// Whether `v` is an integer constant other than zero defined in `r`.
+    fn is_nonzero_const(r: &Region, v: Value) -> bool {
         r.ops.iter().any(|op| {
             op.results.first() == Some(&v)
                 && matches!(op.kind, OpKind::Constant { value: Literal::Int(i) } if i != 0)
@@ -182,16 +172,7 @@ fn fusible(k: &Kernel) -> std::collections::HashSet<Value> {
             if element_wise {
                 defs.insert(op.results[0], here);
             }
-            let regions: Vec<&Region> = match &op.kind {
-                OpKind::For { body, .. } => vec![body],
-                OpKind::If {
-                    then_region,
-                    else_region,
-                    ..
-                } => vec![then_region, else_region],
-                _ => vec![],
-            };
-            for nested in regions {
+            for nested in op.kind.regions() {
                 *id += 1;
                 walk(nested, id, defs, uses);
             }
@@ -282,20 +263,7 @@ struct Emitter<'k> {
 
 impl<'k> Emitter<'k> {
     fn new(k: &'k Kernel) -> Self {
-        let padded = k
-            .refs
-            .iter()
-            .map(|r| match &r.block {
-                Some(spec) => {
-                    r.ty.shape
-                        .iter()
-                        .zip(&spec.block_shape)
-                        .map(|(&n, b)| n.div_ceil(b.extent()) * b.extent())
-                        .collect()
-                }
-                None => r.ty.shape.clone(),
-            })
-            .collect();
+        let padded = k.refs.iter().map(|r| r.padded_shape()).collect();
         Emitter {
             k,
             w: Writer::new("v", 2),
@@ -1855,13 +1823,19 @@ impl<'k> Emitter<'k> {
             ));
         }
         self.close();
-        let mut k = 0;
+        self.bind_results(op, buffers, &res);
+    }
+
+    /// Binds a `for`/`if`'s results: tensors to their buffers, scalars to the
+    /// successive results `res#i` of the `scf` op.
+    fn bind_results(&mut self, op: &Op, buffers: Vec<Option<View>>, res: &str) {
+        let mut scalars = 0;
         for (r, buf) in op.results.iter().zip(buffers) {
             let v = match buf {
                 Some(b) => Val::View(b),
                 None => {
-                    k += 1;
-                    Val::Scalar(format!("{res}#{}", k - 1))
+                    scalars += 1;
+                    Val::Scalar(format!("{res}#{}", scalars - 1))
                 }
             };
             self.values.insert(*r, v);
@@ -1882,15 +1856,7 @@ impl<'k> Emitter<'k> {
             }
         }
         let res = self.w.fresh();
-        if types.is_empty() {
-            self.line(&format!("scf.if {c} {{"));
-        } else {
-            self.line(&format!(
-                "{res}:{} = scf.if {c} -> ({}) {{",
-                types.len(),
-                types.join(", ")
-            ));
-        }
+        self.line(&scf_if_header(&res, &c, &types));
         for (i, region) in [then_region, else_region].into_iter().enumerate() {
             if i == 1 {
                 self.line("} else {");
@@ -1918,17 +1884,7 @@ impl<'k> Emitter<'k> {
             self.w.indent -= 1;
         }
         self.line("}");
-        let mut k = 0;
-        for (r, buf) in op.results.iter().zip(buffers) {
-            let v = match buf {
-                Some(b) => Val::View(b),
-                None => {
-                    k += 1;
-                    Val::Scalar(format!("{res}#{}", k - 1))
-                }
-            };
-            self.values.insert(*r, v);
-        }
+        self.bind_results(op, buffers, &res);
     }
 }
 

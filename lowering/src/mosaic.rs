@@ -23,7 +23,7 @@ use kernel_ir::{
     Literal, MemorySpace, Op, OpKind, ReduceOp, RefKind, Region, Start, TensorType, UnaryOp, Value,
 };
 
-use crate::text::{element_type as elem, literal, Writer};
+use crate::text::{element_type as elem, literal, scf_if_header, Writer};
 use crate::tpu_rules::{self, TpuLimits, TpuRuleError};
 
 /// The MLIR type of a value: a scalar for rank 0, else a vector.
@@ -758,15 +758,7 @@ impl<'k> Emitter<'k> {
                 let c = self.v(*cond);
                 let types: Vec<String> = op.results.iter().map(|&v| tty(&self.ty(v))).collect();
                 let r = self.fresh();
-                if types.is_empty() {
-                    self.line(&format!("scf.if {c} {{"));
-                } else {
-                    self.line(&format!(
-                        "{r}:{} = scf.if {c} -> ({}) {{",
-                        types.len(),
-                        types.join(", ")
-                    ));
-                }
+                self.line(&scf_if_header(&r, &c, &types));
                 for (which, region) in [then_region, else_region].into_iter().enumerate() {
                     if which == 1 {
                         self.line("} else {");

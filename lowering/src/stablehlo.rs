@@ -50,20 +50,7 @@ struct Emitter<'k> {
 
 impl<'k> Emitter<'k> {
     fn new(k: &'k Kernel) -> Self {
-        let padded = k
-            .refs
-            .iter()
-            .map(|r| match &r.block {
-                Some(spec) => {
-                    r.ty.shape
-                        .iter()
-                        .zip(&spec.block_shape)
-                        .map(|(&n, b)| n.div_ceil(b.extent()) * b.extent())
-                        .collect()
-                }
-                None => r.ty.shape.clone(),
-            })
-            .collect();
+        let padded = k.refs.iter().map(|r| r.padded_shape()).collect();
         Emitter {
             k,
             b: HloBuilder::default(),

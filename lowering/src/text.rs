@@ -72,3 +72,18 @@ pub(crate) fn literal(dtype: DType, v: f64) -> String {
         _ => format!("{v:.17e}"),
     }
 }
+
+/// The opening line of an `scf.if` on `cond` whose results (of `types`, possibly none)
+/// are named `{result}#i`.
+pub(crate) fn scf_if_header<T: AsRef<str>>(result: &str, cond: &str, types: &[T]) -> String {
+    if types.is_empty() {
+        format!("scf.if {cond} {{")
+    } else {
+        let types: Vec<&str> = types.iter().map(AsRef::as_ref).collect();
+        format!(
+            "{result}:{} = scf.if {cond} -> ({}) {{",
+            types.len(),
+            types.join(", ")
+        )
+    }
+}
