@@ -122,20 +122,40 @@ pub fn run(
     inputs: &[Array],
     backend: Backend,
 ) -> Result<(Vec<Array>, Backend), Error> {
-    let fail = |message: String| Error::Kernel {
-        kernel: name,
-        message,
-    };
-    let k = kernels::find(name).ok_or_else(|| fail("not a library kernel".into()))?;
-    let p = Params::parse(k.params(), params).map_err(|e| fail(e.to_string()))?;
+    let (k, p) = library(name, params)?;
+    run_library(k, &p, inputs, backend)
+}
+
+fn library(
+    name: &'static str,
+    params: &[String],
+) -> Result<(&'static dyn kernels::LibraryKernel, Params), Error> {
+    let k = kernels::find(name).ok_or_else(|| kernel_error(name, "not a library kernel"))?;
+    let p = Params::parse(k.params(), params).map_err(|e| kernel_error(name, e))?;
+    Ok((k, p))
+}
+
+fn kernel_error(kernel: &'static str, message: impl ToString) -> Error {
+    Error::Kernel {
+        kernel,
+        message: message.to_string(),
+    }
+}
+
+fn run_library(
+    k: &'static dyn kernels::LibraryKernel,
+    p: &Params,
+    inputs: &[Array],
+    backend: Backend,
+) -> Result<(Vec<Array>, Backend), Error> {
     let mut used = Backend::Interp;
     let out = k
-        .run(&p, inputs, &mut |kernel, ins| {
+        .run(p, inputs, &mut |kernel, ins| {
             let (out, resolution) = runtime::run(kernel, ins, backend)?;
             used = resolution.backend;
             Ok(out)
         })
-        .map_err(|e| fail(e.to_string()))?;
+        .map_err(|e| kernel_error(k.name(), e))?;
     Ok((out, used))
 }
 
@@ -148,13 +168,8 @@ fn call(
     inputs: &[(&Tensor, TensorType)],
     backend: Backend,
 ) -> Result<(Vec<Tensor>, Backend), Error> {
-    let fail = |message: String| Error::Kernel {
-        kernel: name,
-        message,
-    };
-    let k = kernels::find(name).ok_or_else(|| fail("not a library kernel".into()))?;
-    let p = Params::parse(k.params(), params).map_err(|e| fail(e.to_string()))?;
-    let built = k.build(&p).map_err(|e| fail(e.to_string()))?;
+    let (k, p) = library(name, params)?;
+    let built = k.build(&p).map_err(|e| kernel_error(name, e))?;
     if let [kernel] = built.as_slice() {
         let f32_only = kernel
             .input_types()
@@ -180,7 +195,7 @@ fn call(
             // SAFETY: contiguous f32 CPU tensors of the kernel's element counts (the ops
             // check shapes), and fresh outputs of its output types.
             unsafe { runtime::native::backend().run_in_place(kernel, &ins, &outs) }
-                .map_err(|e| fail(e.to_string()))?;
+                .map_err(|e| kernel_error(name, e))?;
             return Ok((outputs, Backend::Native));
         }
     }
@@ -188,7 +203,7 @@ fn call(
         .iter()
         .map(|(t, ty)| to_array_as(t, ty.clone()))
         .collect();
-    let (out, used) = run(name, params, &arrays, backend)?;
+    let (out, used) = run_library(k, &p, &arrays, backend)?;
     Ok((out.iter().map(tensor).collect(), used))
 }
 

@@ -22,11 +22,11 @@ use std::f64::consts::LN_2;
 use std::fmt::Write as _;
 
 use kernel_ir::{
-    BinaryOp, BlockDim, CmpPred, DType, Index, IndexBinOp, IndexExpr, Kernel, Literal, Op, OpKind,
-    ReduceOp, RefKind, Region, Start, TensorType, UnaryOp, Value,
+    BinaryOp, BlockDim, DType, Index, IndexBinOp, IndexExpr, Kernel, Literal, Op, OpKind, ReduceOp,
+    RefKind, Region, Start, TensorType, UnaryOp, Value,
 };
 
-use crate::text::{literal, scf_if_header, Writer};
+use crate::text::{comparison, literal, scf_if_header, Writer};
 
 /// Lanes per vector: 256-bit AVX2 registers of 32-bit elements.
 const LANES: u64 = 8;
@@ -941,36 +941,8 @@ impl<'k> Emitter<'k> {
                 self.assign(&format!("arith.{name} {x}, {y} : {t}"))
             }
             OpKind::Compare { pred, .. } => {
-                let (x, y) = (&a[0], &a[1]);
-                let (op, p) = match (float, in_dtype == DType::Bool) {
-                    (true, _) => (
-                        "cmpf",
-                        match pred {
-                            CmpPred::Eq => "oeq",
-                            CmpPred::Ne => "une",
-                            CmpPred::Lt => "olt",
-                            CmpPred::Le => "ole",
-                            CmpPred::Gt => "ogt",
-                            CmpPred::Ge => "oge",
-                        },
-                    ),
-                    (false, unsigned) => (
-                        "cmpi",
-                        match (pred, unsigned) {
-                            (CmpPred::Eq, _) => "eq",
-                            (CmpPred::Ne, _) => "ne",
-                            (CmpPred::Lt, false) => "slt",
-                            (CmpPred::Le, false) => "sle",
-                            (CmpPred::Gt, false) => "sgt",
-                            (CmpPred::Ge, false) => "sge",
-                            (CmpPred::Lt, true) => "ult",
-                            (CmpPred::Le, true) => "ule",
-                            (CmpPred::Gt, true) => "ugt",
-                            (CmpPred::Ge, true) => "uge",
-                        },
-                    ),
-                };
-                self.assign(&format!("arith.{op} {p}, {x}, {y} : {t}"))
+                let (op, p) = comparison(*pred, in_dtype);
+                self.assign(&format!("{op} {p}, {}, {} : {t}", a[0], a[1]))
             }
             OpKind::Select { .. } => {
                 let vt = lanes_of(reg(out), width);

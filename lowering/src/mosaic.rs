@@ -19,11 +19,11 @@ use std::collections::HashMap;
 use std::fmt::Write;
 
 use kernel_ir::{
-    BinaryOp, BlockDim, CmpPred, DType, DimSemantics, Index, IndexBinOp, IndexExpr, Kernel,
-    Literal, MemorySpace, Op, OpKind, ReduceOp, RefKind, Region, Start, TensorType, UnaryOp, Value,
+    BinaryOp, BlockDim, DType, DimSemantics, Index, IndexBinOp, IndexExpr, Kernel, Literal,
+    MemorySpace, Op, OpKind, ReduceOp, RefKind, Region, Start, TensorType, UnaryOp, Value,
 };
 
-use crate::text::{element_type as elem, literal, scf_if_header, Writer};
+use crate::text::{comparison, element_type as elem, literal, scf_if_header, Writer};
 use crate::tpu_rules::{self, TpuLimits, TpuRuleError};
 
 /// The MLIR type of a value: a scalar for rank 0, else a vector.
@@ -625,32 +625,7 @@ impl<'k> Emitter<'k> {
             OpKind::Compare { pred, lhs, rhs } => {
                 let t = self.ty(*lhs);
                 let (a, c) = (self.v(*lhs), self.v(*rhs));
-                let (op_name, p) = match (t.dtype.is_float(), pred) {
-                    (true, CmpPred::Eq) => ("arith.cmpf", "oeq"),
-                    (true, CmpPred::Ne) => ("arith.cmpf", "une"),
-                    (true, CmpPred::Lt) => ("arith.cmpf", "olt"),
-                    (true, CmpPred::Le) => ("arith.cmpf", "ole"),
-                    (true, CmpPred::Gt) => ("arith.cmpf", "ogt"),
-                    (true, CmpPred::Ge) => ("arith.cmpf", "oge"),
-                    (false, CmpPred::Eq) => ("arith.cmpi", "eq"),
-                    (false, CmpPred::Ne) => ("arith.cmpi", "ne"),
-                    (false, CmpPred::Lt) => (
-                        "arith.cmpi",
-                        if t.dtype == DType::Bool { "ult" } else { "slt" },
-                    ),
-                    (false, CmpPred::Le) => (
-                        "arith.cmpi",
-                        if t.dtype == DType::Bool { "ule" } else { "sle" },
-                    ),
-                    (false, CmpPred::Gt) => (
-                        "arith.cmpi",
-                        if t.dtype == DType::Bool { "ugt" } else { "sgt" },
-                    ),
-                    (false, CmpPred::Ge) => (
-                        "arith.cmpi",
-                        if t.dtype == DType::Bool { "uge" } else { "sge" },
-                    ),
-                };
+                let (op_name, p) = comparison(*pred, t.dtype);
                 self.def(&format!("{op_name} {p}, {a}, {c} : {}", tty(&t)))
             }
             OpKind::Select {

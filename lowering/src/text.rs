@@ -1,7 +1,7 @@
 //! What the MLIR text emitters share: a writer that numbers SSA values and indents
 //! lines, element type names, and float literals MLIR parses exactly.
 
-use kernel_ir::DType;
+use kernel_ir::{CmpPred, DType};
 
 /// Accumulates indented lines of MLIR and hands out fresh SSA names.
 pub(crate) struct Writer {
@@ -86,4 +86,34 @@ pub(crate) fn scf_if_header<T: AsRef<str>>(result: &str, cond: &str, types: &[T]
             types.join(", ")
         )
     }
+}
+
+/// The `arith` comparison for `pred` on `dtype` operands: the op (`arith.cmpf` or
+/// `arith.cmpi`) and its predicate (ordered for floats except `une`, unsigned for bools).
+pub(crate) fn comparison(pred: CmpPred, dtype: DType) -> (&'static str, &'static str) {
+    let unsigned = dtype == DType::Bool;
+    let p = match (dtype.is_float(), pred, unsigned) {
+        (true, CmpPred::Eq, _) => "oeq",
+        (true, CmpPred::Ne, _) => "une",
+        (true, CmpPred::Lt, _) => "olt",
+        (true, CmpPred::Le, _) => "ole",
+        (true, CmpPred::Gt, _) => "ogt",
+        (true, CmpPred::Ge, _) => "oge",
+        (false, CmpPred::Eq, _) => "eq",
+        (false, CmpPred::Ne, _) => "ne",
+        (false, CmpPred::Lt, false) => "slt",
+        (false, CmpPred::Le, false) => "sle",
+        (false, CmpPred::Gt, false) => "sgt",
+        (false, CmpPred::Ge, false) => "sge",
+        (false, CmpPred::Lt, true) => "ult",
+        (false, CmpPred::Le, true) => "ule",
+        (false, CmpPred::Gt, true) => "ugt",
+        (false, CmpPred::Ge, true) => "uge",
+    };
+    let op = if dtype.is_float() {
+        "arith.cmpf"
+    } else {
+        "arith.cmpi"
+    };
+    (op, p)
 }
