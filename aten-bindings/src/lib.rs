@@ -280,6 +280,62 @@ fn norm(
     Ok(out[0].view(x.size().as_slice()))
 }
 
+/// SwiGLU: `silu(gate) * up`, element-wise over equal shapes.
+pub fn swiglu(gate: &Tensor, up: &Tensor, backend: Backend) -> Result<Tensor, Error> {
+    let dt = float_dtype("gate", gate)?;
+    same_kind("up", up, gate)?;
+    if up.size() != gate.size() {
+        return Err(bad(
+            "up",
+            format!("expected shape {:?}, got {:?}", gate.size(), up.size()),
+        ));
+    }
+    let (rows, cols) = rows_cols(gate);
+    let params = [
+        format!("rows={rows}"),
+        format!("cols={cols}"),
+        format!("dtype={dt}"),
+    ];
+    let ty = TensorType::new(dt, [rows, cols]);
+    let (out, _) = call("swiglu", &params, &[(gate, ty.clone()), (up, ty)], backend)?;
+    Ok(out[0].view(gate.size().as_slice()))
+}
+
+/// Rotary embedding (Llama rotate-half) of `x: [batch, heads, seq, head_dim]` with
+/// `cos`, `sin: [seq, head_dim]`.
+pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, backend: Backend) -> Result<Tensor, Error> {
+    let dt = float_dtype("x", x)?;
+    check_rank("x", x, 4)?;
+    let s = shape(x);
+    for (arg, t) in [("cos", cos), ("sin", sin)] {
+        same_kind(arg, t, x)?;
+        if shape(t) != [s[2], s[3]] {
+            return Err(bad(
+                arg,
+                format!("expected shape [{}, {}], got {:?}", s[2], s[3], t.size()),
+            ));
+        }
+    }
+    if s[3] % 2 != 0 {
+        return Err(bad("x", format!("head_dim {} is odd", s[3])));
+    }
+    let params = [
+        format!("batch={}", s[0]),
+        format!("heads={}", s[1]),
+        format!("seq={}", s[2]),
+        format!("head_dim={}", s[3]),
+        format!("dtype={dt}"),
+    ];
+    let table = TensorType::new(dt, [s[2], s[3]]);
+    let inputs = [
+        (x, TensorType::new(dt, s)),
+        (cos, table.clone()),
+        (sin, table),
+    ];
+    let (out, _) = call("rope", &params, &inputs, backend)?;
+    Ok(out[0].shallow_clone())
+}
+
 /// `a @ b` for `[m, k]` and `[k, n]` matrices.
 pub fn matmul(a: &Tensor, b: &Tensor, backend: Backend) -> Result<Tensor, Error> {
     let dt = float_dtype("a", a)?;

@@ -1,6 +1,8 @@
 //! The tch API against PyTorch's own ops, on every backend, with argument errors.
 
-use aten_bindings::{flash_attention, layer_norm, matmul, rms_norm, sdpa, softmax, SdpaPath};
+use aten_bindings::{
+    flash_attention, layer_norm, matmul, rms_norm, rope, sdpa, softmax, swiglu, SdpaPath,
+};
 use runtime::Backend;
 use tch::{Kind, Tensor};
 
@@ -36,6 +38,15 @@ fn ops_match_pytorch_on_every_backend() {
         close(
             &layer_norm(&x, &w, &b, 1e-5, backend).unwrap(),
             &x.layer_norm([33], Some(&w), Some(&b), 1e-5, false),
+            1e-5,
+        );
+        let (g, u) = (rand(&[3, 7, 20]), rand(&[3, 7, 20]));
+        close(&swiglu(&g, &u, backend).unwrap(), &(g.silu() * &u), 1e-5);
+        let (xr, cos, sin) = (rand(&[2, 3, 11, 8]), rand(&[11, 8]), rand(&[11, 8]));
+        let rotated = Tensor::cat(&[-xr.narrow(3, 4, 4), xr.narrow(3, 0, 4)], 3);
+        close(
+            &rope(&xr, &cos, &sin, backend).unwrap(),
+            &(&xr * &cos + rotated * &sin),
             1e-5,
         );
         let (p, q) = (rand(&[17, 40]), rand(&[40, 9]));
