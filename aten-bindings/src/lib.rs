@@ -316,7 +316,7 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, backend: Backend) -> Result<
             ));
         }
     }
-    if s[3] % 2 != 0 {
+    if !s[3].is_multiple_of(2) {
         return Err(bad("x", format!("head_dim {} is odd", s[3])));
     }
     let params = [
