@@ -40,8 +40,10 @@ pub(crate) fn visible_key_blocks(q0: Tensor, full_blocks: u64, c: AttentionConfi
     }
 }
 
-/// One step of the online softmax over keys `[k0, k0 + size)`.
+/// One step of the online softmax over keys `[k0, k0 + size)`; `masked` applies the
+/// causal mask (blocks wholly below the diagonal need none). `q` is pre-scaled for f32.
 #[kernel_fn]
+#[allow(clippy::too_many_arguments)]
 fn attend(
     q: Tensor,
     k: Ref,
@@ -50,13 +52,17 @@ fn attend(
     size: u64,
     q0: Tensor,
     state: (Tensor, Tensor, Tensor),
+    masked: bool,
     c: AttentionConfig,
 ) -> (Tensor, Tensor, Tensor) {
     let (m, l, acc) = state;
     let kb = k.load(s![ds(k0, size), ..]);
     let vb = v.load(s![ds(k0, size), ..]);
-    let mut scores = dot_general(q, kb, false, true) * c.scale;
-    if c.causal {
+    let mut scores = dot_general(q, kb, false, true);
+    if c.dtype != DType::F32 {
+        scores = scores * c.scale;
+    }
+    if masked {
         scores = causal_mask(scores, c.block_q, size, q0, k0);
     }
     let m_new = m.maximum(scores.max(1));
@@ -79,16 +85,32 @@ pub(crate) fn flash_attention_fwd(
 ) {
     let (bq, bk) = (c.block_q, c.block_k);
     let q0 = program_id(2) * bq;
-    let qb = load_tile(q, bq, c.head_dim, q0, index(0), c.q_len, c.head_dim);
+    let mut qb = load_tile(q, bq, c.head_dim, q0, index(0), c.q_len, c.head_dim);
+    // f32: scale the queries once instead of every score block (bf16 scales the scores,
+    // so the matmul inputs stay exactly the stored values).
+    if c.dtype == DType::F32 {
+        qb = qb * c.scale;
+    }
     let full_blocks = c.kv_len / bk;
     let tail = c.kv_len % bk;
-    // Causal: key blocks wholly after the last query of this block are skipped.
+    // Causal: key blocks wholly after the last query of this block are skipped, and
+    // those wholly before its first query need no mask.
     let upper = visible_key_blocks(q0, full_blocks, c);
     let mut m = full([bq], f64::NEG_INFINITY, DType::F32);
     let mut l = zeros([bq], DType::F32);
     let mut acc = zeros([bq, c.head_dim], DType::F32);
-    for j in 0..upper {
-        (m, l, acc) = attend(qb, k, v, j * bk, bk, q0, (m, l, acc), c);
+    if c.causal {
+        let unmasked = ((q0 + 1) / bk).minimum(upper);
+        for j in 0..unmasked {
+            (m, l, acc) = attend(qb, k, v, j * bk, bk, q0, (m, l, acc), false, c);
+        }
+        for j in unmasked..upper {
+            (m, l, acc) = attend(qb, k, v, j * bk, bk, q0, (m, l, acc), true, c);
+        }
+    } else {
+        for j in 0..upper {
+            (m, l, acc) = attend(qb, k, v, j * bk, bk, q0, (m, l, acc), false, c);
+        }
     }
     if tail > 0 {
         (m, l, acc) = attend(
@@ -99,6 +121,7 @@ pub(crate) fn flash_attention_fwd(
             tail,
             q0,
             (m, l, acc),
+            c.causal,
             c,
         );
     }
