@@ -495,8 +495,8 @@ impl<'k> Emitter<'k> {
     // ---- ops ---------------------------------------------------------------------------
 
     fn region(&mut self, r: &Region) {
-        for op in &r.ops {
-            self.op(op);
+        for (i, op) in r.ops.iter().enumerate() {
+            self.op(op, &r.ops[i + 1..]);
         }
     }
 
@@ -515,7 +515,16 @@ impl<'k> Emitter<'k> {
         }
     }
 
-    fn op(&mut self, op: &Op) {
+    /// Lowers `op`; `following` are the ops after it in its region (a reduction among
+    /// them may be computed in the same pass as `op`).
+    fn op(&mut self, op: &Op, following: &[Op]) {
+        if op
+            .results
+            .first()
+            .is_some_and(|r| self.values.contains_key(r))
+        {
+            return; // already computed, fused into the pass of its operand
+        }
         let result_ty = op.results.first().map(|&r| self.ty(r).clone());
         let val = match &op.kind {
             OpKind::ProgramId { axis } => Val::Scalar(self.pids[*axis].clone()),
@@ -559,7 +568,9 @@ impl<'k> Emitter<'k> {
             | OpKind::Binary { .. }
             | OpKind::Compare { .. }
             | OpKind::Select { .. }
-            | OpKind::Cast { .. } => self.elementwise(op.results[0], &op.kind, &result_ty.unwrap()),
+            | OpKind::Cast { .. } => {
+                self.elementwise(op.results[0], &op.kind, &result_ty.unwrap(), following)
+            }
             OpKind::Reduce { op: r, x, axes } => self.reduce(*r, *x, axes, &result_ty.unwrap()),
             OpKind::Dot {
                 lhs,
@@ -824,7 +835,13 @@ impl<'k> Emitter<'k> {
         })
     }
 
-    fn elementwise(&mut self, result: Value, kind: &OpKind, ty: &TensorType) -> Val {
+    fn elementwise(
+        &mut self,
+        result: Value,
+        kind: &OpKind,
+        ty: &TensorType,
+        following: &[Op],
+    ) -> Val {
         let operands: Vec<(Val, DType)> = kind
             .operands()
             .iter()
@@ -850,7 +867,22 @@ impl<'k> Emitter<'k> {
             return Val::Scalar(compute(self, &lane));
         }
         let mut compute = compute;
-        self.materialize(ty, &mut compute)
+        // Reductions of this result along its last dim later in the region are computed
+        // while it is stored (softmax's sum of exps, attention's row sums).
+        let rank = ty.rank();
+        let reductions: Vec<(ReduceOp, Value)> = following
+            .iter()
+            .filter_map(|op| match &op.kind {
+                OpKind::Reduce { op: r, x, axes } if *x == result && axes == &[rank - 1] => {
+                    Some((*r, op.results[0]))
+                }
+                _ => None,
+            })
+            .collect();
+        if reductions.is_empty() || ty.dtype == DType::Bool {
+            return self.materialize(ty, &mut compute);
+        }
+        self.materialize_reducing(ty, &mut compute, &reductions)
     }
 
     /// Rounds an f32 result to bf16/f16 precision (the interpreter's per-op rounding).
@@ -1050,6 +1082,111 @@ impl<'k> Emitter<'k> {
         Val::View(buf)
     }
 
+    /// Like [`Self::materialize`], and also reduces the value along its last dim for each
+    /// `(op, result)` in the same pass, binding those results.
+    fn materialize_reducing(
+        &mut self,
+        ty: &TensorType,
+        f: &mut dyn FnMut(&mut Self, &Lane) -> String,
+        reductions: &[(ReduceOp, Value)],
+    ) -> Val {
+        let buf = self.alloc(&ty.shape, ty.dtype);
+        let (&last, outer) = ty.shape.split_last().expect("rank >= 1");
+        let mut idx = Vec::new();
+        for &n in outer {
+            let (zero, one, hi) = (self.index(0), self.index(1), self.index(n));
+            idx.push(self.open_for(&zero, &hi, &one));
+        }
+        let elem = reg(ty.dtype);
+        let ops: Vec<_> = reductions
+            .iter()
+            .map(|(op, _)| reduction(*op, ty.dtype))
+            .collect();
+        let main = last / LANES * LANES;
+        // Per reduction: the vector and scalar partial results (None: segment empty).
+        let mut partial: Vec<(Option<String>, Option<String>)> = vec![(None, None); ops.len()];
+        for (lo, hi, width) in [(0, main, LANES), (main, last, 1)] {
+            if lo == hi {
+                continue;
+            }
+            let t = lanes_of(elem, width);
+            let (lo, hi, step) = (self.index(lo), self.index(hi), self.index(width));
+            let inits: Vec<String> = ops
+                .iter()
+                .map(|(identity, ..)| self.literal(ty.dtype, *identity, width))
+                .collect();
+            let (iv, res) = (self.w.fresh(), self.w.fresh());
+            let args: Vec<String> = ops.iter().map(|_| self.w.fresh()).collect();
+            let bindings = args
+                .iter()
+                .zip(&inits)
+                .map(|(a, i)| format!("{a} = {i}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let types = vec![t.clone(); ops.len()].join(", ");
+            self.line(&format!(
+                "{res}:{} = scf.for {iv} = {lo} to {hi} step {step} iter_args({bindings}) -> ({types}) {{",
+                ops.len()
+            ));
+            self.w.indent += 1;
+            let mut lane_idx = idx.clone();
+            lane_idx.push(iv);
+            let lane = Lane {
+                idx: lane_idx,
+                width,
+            };
+            let x = f(self, &lane);
+            self.write(&buf, ty.dtype, &lane, &x);
+            let next: Vec<String> = ops
+                .iter()
+                .zip(&args)
+                .map(|((_, combine, _), a)| self.assign(&format!("arith.{combine} {a}, {x} : {t}")))
+                .collect();
+            self.line(&format!("scf.yield {} : {types}", next.join(", ")));
+            self.close();
+            for (i, p) in partial.iter_mut().enumerate() {
+                let r = Some(format!("{res}#{i}"));
+                if width == 1 {
+                    p.1 = r;
+                } else {
+                    p.0 = r;
+                }
+            }
+        }
+        for (((_, combine, kind), (vector, scalar)), (_, result)) in
+            ops.iter().zip(partial).zip(reductions)
+        {
+            let vt = lanes_of(elem, LANES);
+            let h = vector.map(|v| {
+                self.assign(&format!(
+                    "vector.reduction <{kind}>, {v} : {vt} into {elem}"
+                ))
+            });
+            let total = match (h, scalar) {
+                (Some(h), Some(s)) => self.assign(&format!("arith.{combine} {h}, {s} : {elem}")),
+                (Some(x), None) | (None, Some(x)) => x,
+                (None, None) => unreachable!("the last dim is not empty"),
+            };
+            let rty = self.ty(*result).clone();
+            let total = self.round(rty.dtype, &total, 1);
+            if rty.is_scalar() {
+                self.values.insert(*result, Val::Scalar(total));
+            } else {
+                let out = self.alloc(&rty.shape, rty.dtype);
+                self.values.insert(*result, Val::View(out.clone()));
+                let lane = Lane {
+                    idx: idx.clone(),
+                    width: 1,
+                };
+                self.write(&out, rty.dtype, &lane, &total);
+            }
+        }
+        for _ in outer {
+            self.close();
+        }
+        Val::View(buf)
+    }
+
     /// Loops over every index of `shape`, the last dim 8 lanes at a time, then a scalar tail.
     fn lanes(&mut self, shape: &[u64], f: &mut dyn FnMut(&mut Self, &Lane)) {
         let Some((&last, outer)) = shape.split_last() else {
@@ -1242,22 +1379,7 @@ impl<'k> Emitter<'k> {
         let xt = self.ty(x).clone();
         let src = self.val(x);
         let rank = xt.rank();
-        let float = xt.dtype.is_float();
-        let identity = match (op, float) {
-            (ReduceOp::Sum, _) => 0.0,
-            (ReduceOp::Max, true) => f64::NEG_INFINITY,
-            (ReduceOp::Min, true) => f64::INFINITY,
-            (ReduceOp::Max, false) => i32::MIN as f64,
-            (ReduceOp::Min, false) => i32::MAX as f64,
-        };
-        let (combine, kind) = match (op, float) {
-            (ReduceOp::Sum, true) => ("addf", "add"),
-            (ReduceOp::Max, true) => ("maximumf", "maximumf"),
-            (ReduceOp::Min, true) => ("minimumf", "minimumf"),
-            (ReduceOp::Sum, false) => ("addi", "add"),
-            (ReduceOp::Max, false) => ("maxsi", "maxsi"),
-            (ReduceOp::Min, false) => ("minsi", "minsi"),
-        };
+        let (identity, combine, kind) = reduction(op, xt.dtype);
         let elem = reg(xt.dtype);
         if !axes.contains(&(rank - 1)) {
             // The last dim survives: accumulate rows into the result buffer.
@@ -1879,6 +2001,18 @@ fn transposed_2d(v: &View) -> bool {
         && v.dims[n - 1] == Some(0)
         && v.dims[n - 2] == Some(1)
         && v.dims[..n - 2].iter().all(Option::is_none)
+}
+
+/// A reduction's identity, its combining `arith` op and its `vector.reduction` kind.
+fn reduction(op: ReduceOp, dtype: DType) -> (f64, &'static str, &'static str) {
+    match (op, dtype.is_float()) {
+        (ReduceOp::Sum, true) => (0.0, "addf", "add"),
+        (ReduceOp::Max, true) => (f64::NEG_INFINITY, "maximumf", "maximumf"),
+        (ReduceOp::Min, true) => (f64::INFINITY, "minimumf", "minimumf"),
+        (ReduceOp::Sum, false) => (0.0, "addi", "add"),
+        (ReduceOp::Max, false) => (i32::MIN as f64, "maxsi", "maxsi"),
+        (ReduceOp::Min, false) => (i32::MAX as f64, "minsi", "minsi"),
+    }
 }
 
 /// The values a region's closing `yield` passes out (none when it has no yield).

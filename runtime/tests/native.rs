@@ -180,3 +180,38 @@ fn in_place_runs_read_and_write_caller_storage() {
         .to_string()
         .contains("takes 1 inputs and 1 outputs"));
 }
+
+#[test]
+fn reductions_fused_into_the_pass_that_stores_their_operand() {
+    // `e` is stored (three uses); its row sum and row max are computed in that pass.
+    for (cols, dtype) in [(37, DType::F32), (64, DType::BF16), (5, DType::F32)] {
+        let ty = TensorType::new(dtype, [6, cols]);
+        let k = pallas_call(move |x: Ref, o: Ref| {
+            let e = (x.read() * 0.5).exp();
+            let total = e.sum_keepdims(1) + e.max_keepdims(1);
+            o.write(e * 2.0 + total.broadcast_to([6, cols]));
+        })
+        .grid([1])
+        .input(ty.clone(), whole([6, cols]))
+        .output(ty, whole([6, cols]))
+        .build()
+        .unwrap();
+        let x = Array::from_f32(
+            dtype,
+            [6, cols],
+            (0..6 * cols)
+                .map(|i| ((i * 7 % 13) as f32 - 6.0) / 3.0)
+                .collect(),
+        )
+        .unwrap();
+        let want = interpret(&k, std::slice::from_ref(&x), &InterpretOptions::default()).unwrap();
+        let (got, _) = runtime::run(&k, &[x], Backend::Native).unwrap();
+        let tol = if dtype == DType::F32 { 1e-5 } else { 2e-2 };
+        for (a, b) in got[0].to_f64().iter().zip(want[0].to_f64()) {
+            assert!(
+                (a - b).abs() <= tol * (1.0 + b.abs()),
+                "{dtype} cols={cols}: {a} vs {b}"
+            );
+        }
+    }
+}
