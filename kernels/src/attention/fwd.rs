@@ -60,7 +60,7 @@ fn attend(
     let vb = v.load(s![ds(k0, size), ..]);
     let mut scores = dot_general(q, kb, false, true);
     if c.dtype != DType::F32 {
-        scores = scores * c.scale;
+        scores *= c.scale;
     }
     if masked {
         scores = causal_mask(scores, c.block_q, size, q0, k0);
@@ -89,7 +89,7 @@ pub(crate) fn flash_attention_fwd(
     // f32: scale the queries once instead of every score block (bf16 scales the scores,
     // so the matmul inputs stay exactly the stored values).
     if c.dtype == DType::F32 {
-        qb = qb * c.scale;
+        qb *= c.scale;
     }
     let full_blocks = c.kv_len / bk;
     let tail = c.kv_len % bk;
