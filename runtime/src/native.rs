@@ -169,24 +169,13 @@ fn element_bytes(d: DType) -> usize {
     }
 }
 
-/// Zeros of `dtype`, `n` elements. Large buffers ask for transparent huge pages, so the
-/// kernel's first writes fault once per 2 MiB instead of once per 4 KiB.
+/// Zeros of `dtype`, `n` elements.
 fn zeros(dtype: DType, n: usize) -> ArrayData {
     match dtype {
-        DType::I32 => ArrayData::Int(huge(0, n)),
-        DType::Bool => ArrayData::Bool(huge(false, n)),
-        _ => ArrayData::Float(huge(0.0, n)),
+        DType::I32 => ArrayData::Int(vec![0; n]),
+        DType::Bool => ArrayData::Bool(vec![false; n]),
+        _ => ArrayData::Float(vec![0.0; n]),
     }
-}
-
-fn huge<T: Clone>(zero: T, n: usize) -> Vec<T> {
-    let v = vec![zero; n];
-    let bytes = n * std::mem::size_of::<T>();
-    if bytes >= 4 << 20 {
-        // SAFETY: advice only, on memory this Vec owns; failure changes nothing.
-        unsafe { libc::madvise(v.as_ptr() as *mut c_void, bytes, libc::MADV_HUGEPAGE) };
-    }
-    v
 }
 
 /// Copies the rows (last-dim runs) of a `from`-shaped row-major array into the top-left
@@ -412,7 +401,7 @@ unsafe fn execute_raw(
         );
         let big_len = big.iter().product::<u64>() as usize;
         let small_len = decl.ty.num_elements() as usize * eb;
-        let mut words = huge(0u32, big_len.div_ceil(4));
+        let mut words = vec![0u32; big_len.div_ceil(4)];
         let bytes =
             unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr() as *mut u8, big_len) };
         if decl.kind == RefKind::Input {
