@@ -1,0 +1,237 @@
+//! Element-wise ops on registers: arithmetic, comparisons, casts, bf16/f16 rounding, and
+//! the polynomial `exp`.
+
+use super::*;
+
+impl<'k> Emitter<'k> {
+    pub(super) fn elementwise(
+        &mut self,
+        result: Value,
+        kind: &OpKind,
+        ty: &TensorType,
+        following: &[Op],
+    ) -> Val {
+        let operands: Vec<(Val, DType)> = kind
+            .operands()
+            .iter()
+            .map(|&v| (self.val(v), self.ty(v).dtype))
+            .collect();
+        if !ty.is_scalar() && self.fused.contains(&result) {
+            return Val::Expr(std::rc::Rc::new(Expr {
+                kind: kind.clone(),
+                operands,
+                dtype: ty.dtype,
+            }));
+        }
+        let compute = |e: &mut Self, lane: &Lane| {
+            let args: Vec<String> = operands.iter().map(|(v, d)| e.read(v, *d, lane)).collect();
+            let x = e.scalar_op(kind, &args, &operands, ty.dtype, lane.width);
+            e.round(ty.dtype, &x, lane.width)
+        };
+        if ty.is_scalar() {
+            let lane = Lane {
+                idx: vec![],
+                width: 1,
+            };
+            return Val::Scalar(compute(self, &lane));
+        }
+        let mut compute = compute;
+        // Reductions of this result along its last dim later in the region are computed
+        // while it is stored (softmax's sum of exps, attention's row sums).
+        let rank = ty.rank();
+        let reductions: Vec<(ReduceOp, Value)> = following
+            .iter()
+            .filter_map(|op| match &op.kind {
+                OpKind::Reduce { op: r, x, axes } if *x == result && axes == &[rank - 1] => {
+                    Some((*r, op.results[0]))
+                }
+                _ => None,
+            })
+            .collect();
+        if reductions.is_empty() || ty.dtype == DType::Bool {
+            return self.materialize(ty, &mut compute);
+        }
+        self.materialize_reducing(ty, &mut compute, &reductions)
+    }
+
+    /// Rounds an f32 result to bf16/f16 precision (the interpreter's per-op rounding).
+    pub(super) fn round(&mut self, dtype: DType, x: &str, width: u64) -> String {
+        let narrow = match dtype {
+            DType::BF16 => "bf16",
+            DType::F16 => "f16",
+            _ => return x.to_string(),
+        };
+        let (wide_t, narrow_t) = (lanes_of("f32", width), lanes_of(narrow, width));
+        let t = self.assign(&format!("arith.truncf {x} : {wide_t} to {narrow_t}"));
+        self.assign(&format!("arith.extf {t} : {narrow_t} to {wide_t}"))
+    }
+
+    /// One element-wise op on registers.
+    pub(super) fn scalar_op(
+        &mut self,
+        kind: &OpKind,
+        a: &[String],
+        operands: &[(Val, DType)],
+        out: DType,
+        width: u64,
+    ) -> String {
+        let in_dtype = operands[0].1;
+        let t = lanes_of(reg(in_dtype), width);
+        let float = in_dtype.is_float();
+        match kind {
+            OpKind::Unary { op, .. } => {
+                let x = &a[0];
+                match (op, in_dtype) {
+                    (UnaryOp::Exp, _) => self.exp(x, width),
+                    (UnaryOp::Neg, d) if d.is_float() => {
+                        self.assign(&format!("arith.negf {x} : {t}"))
+                    }
+                    (UnaryOp::Neg, _) => {
+                        let z = self.literal(in_dtype, 0.0, width);
+                        self.assign(&format!("arith.subi {z}, {x} : {t}"))
+                    }
+                    (UnaryOp::Abs, d) if d.is_float() => {
+                        self.assign(&format!("math.absf {x} : {t}"))
+                    }
+                    (UnaryOp::Abs, _) => self.assign(&format!("math.absi {x} : {t}")),
+                    (UnaryOp::Log, _) => self.assign(&format!("math.log {x} : {t}")),
+                    (UnaryOp::Tanh, _) => self.assign(&format!("math.tanh {x} : {t}")),
+                    (UnaryOp::Sqrt, _) => self.assign(&format!("math.sqrt {x} : {t}")),
+                    (UnaryOp::Rsqrt, _) => {
+                        let s = self.assign(&format!("math.sqrt {x} : {t}"));
+                        let one = self.literal(DType::F32, 1.0, width);
+                        self.assign(&format!("arith.divf {one}, {s} : {t}"))
+                    }
+                    (UnaryOp::Not, d) => {
+                        let ones = if d == DType::Bool { "true" } else { "-1" };
+                        let m = self.constant(ones, &t);
+                        self.assign(&format!("arith.xori {x}, {m} : {t}"))
+                    }
+                }
+            }
+            OpKind::Binary { op, .. } => {
+                let (x, y) = (&a[0], &a[1]);
+                let name = match (op, float) {
+                    (BinaryOp::Add, true) => "addf",
+                    (BinaryOp::Sub, true) => "subf",
+                    (BinaryOp::Mul, true) => "mulf",
+                    (BinaryOp::Div, true) => "divf",
+                    (BinaryOp::Max, true) => "maximumf",
+                    (BinaryOp::Min, true) => "minimumf",
+                    (BinaryOp::Pow, _) => return self.assign(&format!("math.powf {x}, {y} : {t}")),
+                    (BinaryOp::Rem, true) => {
+                        let q = self.assign(&format!("arith.divf {x}, {y} : {t}"));
+                        let f = self.assign(&format!("math.floor {q} : {t}"));
+                        let m = self.assign(&format!("arith.mulf {y}, {f} : {t}"));
+                        return self.assign(&format!("arith.subf {x}, {m} : {t}"));
+                    }
+                    (BinaryOp::Add, false) => "addi",
+                    (BinaryOp::Sub, false) => "subi",
+                    (BinaryOp::Mul, false) => "muli",
+                    (BinaryOp::Div, false) => "floordivsi",
+                    (BinaryOp::Max, false) => "maxsi",
+                    (BinaryOp::Min, false) => "minsi",
+                    (BinaryOp::And, _) => "andi",
+                    (BinaryOp::Or, _) => "ori",
+                    (BinaryOp::Rem, false) => {
+                        let q = self.assign(&format!("arith.floordivsi {x}, {y} : {t}"));
+                        let m = self.assign(&format!("arith.muli {q}, {y} : {t}"));
+                        return self.assign(&format!("arith.subi {x}, {m} : {t}"));
+                    }
+                };
+                self.assign(&format!("arith.{name} {x}, {y} : {t}"))
+            }
+            OpKind::Compare { pred, .. } => {
+                let (op, p) = comparison(*pred, in_dtype);
+                self.assign(&format!("{op} {p}, {}, {} : {t}", a[0], a[1]))
+            }
+            OpKind::Select { .. } => {
+                let vt = lanes_of(reg(out), width);
+                self.assign(&format!(
+                    "arith.select {}, {}, {} : {}",
+                    a[0],
+                    a[1],
+                    a[2],
+                    select_type(width, &vt)
+                ))
+            }
+            OpKind::Cast { .. } => self.cast(&a[0], in_dtype, out, width),
+            _ => unreachable!("not an element-wise op: {}", kind.mnemonic()),
+        }
+    }
+
+    fn cast(&mut self, x: &str, from: DType, to: DType, width: u64) -> String {
+        let (ft, tt) = (lanes_of(reg(from), width), lanes_of(reg(to), width));
+        match (from.is_float(), to.is_float(), from, to) {
+            (true, true, ..) => x.to_string(),
+            (true, false, _, DType::I32) => {
+                self.assign(&format!("arith.fptosi {x} : {ft} to {tt}"))
+            }
+            (true, false, ..) => {
+                let z = self.literal(DType::F32, 0.0, width);
+                self.assign(&format!("arith.cmpf une, {x}, {z} : {ft}"))
+            }
+            (false, true, DType::Bool, _) => {
+                self.assign(&format!("arith.uitofp {x} : {ft} to {tt}"))
+            }
+            (false, true, ..) => self.assign(&format!("arith.sitofp {x} : {ft} to {tt}")),
+            (false, false, DType::Bool, DType::I32) => {
+                self.assign(&format!("arith.extui {x} : {ft} to {tt}"))
+            }
+            (false, false, DType::I32, DType::Bool) => {
+                let z = self.literal(DType::I32, 0.0, width);
+                self.assign(&format!("arith.cmpi ne, {x}, {z} : {ft}"))
+            }
+            _ => x.to_string(),
+        }
+    }
+
+    /// `exp` as a degree-6 polynomial on `x - n ln2` scaled by `2^n` (Cephes `expf`):
+    /// relative error about 1e-7. The input is clamped so that `n` lies in [-127, 128],
+    /// where the exponent bits of `2^n` are 0 (the result is 0, so `-inf` gives 0) and
+    /// 255 (`+inf`); the clamps are `select`s that x86 does in one `vminps`/`vmaxps`.
+    /// NaN passes through.
+    fn exp(&mut self, x: &str, width: u64) -> String {
+        let t = lanes_of("f32", width);
+        let ti = lanes_of("i32", width);
+        let c = |e: &mut Self, v: f64| e.literal(DType::F32, v, width);
+        let (hi, lo) = (c(self, 128.0 * LN_2), c(self, -127.0 * LN_2));
+        let st = select_type(width, &t);
+        let below = self.assign(&format!("arith.cmpf olt, {x}, {hi} : {t}"));
+        let clamped = self.assign(&format!("arith.select {below}, {x}, {hi} : {st}"));
+        let above = self.assign(&format!("arith.cmpf ogt, {clamped}, {lo} : {t}"));
+        let clamped = self.assign(&format!("arith.select {above}, {clamped}, {lo} : {st}"));
+        let log2e = c(self, std::f64::consts::LOG2_E);
+        let scaled = self.assign(&format!("arith.mulf {clamped}, {log2e} : {t}"));
+        let n = self.assign(&format!("math.roundeven {scaled} : {t}"));
+        let (ln2_hi, ln2_lo) = (c(self, -0.693_359_375), c(self, 2.121_944_4e-4));
+        let r = self.assign(&format!("math.fma {n}, {ln2_hi}, {clamped} : {t}"));
+        let r = self.assign(&format!("math.fma {n}, {ln2_lo}, {r} : {t}"));
+        let coefficients = [
+            1.987_569_15e-4,
+            1.398_199_950_7e-3,
+            8.333_451_907_3e-3,
+            4.166_579_589_4e-2,
+            1.666_666_545_9e-1,
+            5.000_000_120_1e-1,
+        ];
+        let mut p = c(self, coefficients[0]);
+        for &k in &coefficients[1..] {
+            let kc = c(self, k);
+            p = self.assign(&format!("math.fma {p}, {r}, {kc} : {t}"));
+        }
+        let r2 = self.assign(&format!("arith.mulf {r}, {r} : {t}"));
+        let p = self.assign(&format!("math.fma {p}, {r2}, {r} : {t}"));
+        let one = c(self, 1.0);
+        let p = self.assign(&format!("arith.addf {p}, {one} : {t}"));
+        let ni = self.assign(&format!("arith.fptosi {n} : {t} to {ti}"));
+        let bias = self.literal(DType::I32, 127.0, width);
+        let e = self.assign(&format!("arith.addi {ni}, {bias} : {ti}"));
+        let shift = self.literal(DType::I32, 23.0, width);
+        let e = self.assign(&format!("arith.shli {e}, {shift} : {ti}"));
+        let scale = self.assign(&format!("arith.bitcast {e} : {ti} to {t}"));
+        let y = self.assign(&format!("arith.mulf {p}, {scale} : {t}"));
+        let nan = self.assign(&format!("arith.cmpf uno, {x}, {x} : {t}"));
+        self.assign(&format!("arith.select {nan}, {x}, {y} : {st}"))
+    }
+}

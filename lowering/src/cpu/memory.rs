@@ -1,0 +1,481 @@
+//! Loops over tensors 8 lanes at a time: reading values and views into registers,
+//! writing buffers, materializing, and reductions.
+
+use super::*;
+
+impl<'k> Emitter<'k> {
+    /// Computes every element of a fresh `ty`-shaped buffer with `f`.
+    pub(super) fn materialize(
+        &mut self,
+        ty: &TensorType,
+        f: &mut dyn FnMut(&mut Self, &Lane) -> String,
+    ) -> Val {
+        let buf = self.alloc(&ty.shape, ty.dtype);
+        self.lanes(&ty.shape, &mut |e, lane| {
+            let x = f(e, lane);
+            e.write(&buf, ty.dtype, lane, &x);
+        });
+        Val::View(buf)
+    }
+
+    /// Like [`Self::materialize`], and also reduces the value along its last dim for each
+    /// `(op, result)` in the same pass, binding those results.
+    pub(super) fn materialize_reducing(
+        &mut self,
+        ty: &TensorType,
+        f: &mut dyn FnMut(&mut Self, &Lane) -> String,
+        reductions: &[(ReduceOp, Value)],
+    ) -> Val {
+        let buf = self.alloc(&ty.shape, ty.dtype);
+        let (&last, outer) = ty.shape.split_last().expect("rank >= 1");
+        let mut idx = Vec::new();
+        for &n in outer {
+            let (zero, one, hi) = (self.index(0), self.index(1), self.index(n));
+            idx.push(self.open_for(&zero, &hi, &one));
+        }
+        let elem = reg(ty.dtype);
+        let ops: Vec<_> = reductions
+            .iter()
+            .map(|(op, _)| reduction(*op, ty.dtype))
+            .collect();
+        let main = last / LANES * LANES;
+        // Per reduction: the vector and scalar partial results (None: segment empty).
+        let mut partial: Vec<(Option<String>, Option<String>)> = vec![(None, None); ops.len()];
+        for (lo, hi, width) in [(0, main, LANES), (main, last, 1)] {
+            if lo == hi {
+                continue;
+            }
+            let t = lanes_of(elem, width);
+            let (lo, hi, step) = (self.index(lo), self.index(hi), self.index(width));
+            let inits: Vec<String> = ops
+                .iter()
+                .map(|(identity, ..)| self.literal(ty.dtype, *identity, width))
+                .collect();
+            let (iv, res) = (self.w.fresh(), self.w.fresh());
+            let args: Vec<String> = ops.iter().map(|_| self.w.fresh()).collect();
+            let bindings = args
+                .iter()
+                .zip(&inits)
+                .map(|(a, i)| format!("{a} = {i}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let types = vec![t.clone(); ops.len()].join(", ");
+            self.line(&format!(
+                "{res}:{} = scf.for {iv} = {lo} to {hi} step {step} iter_args({bindings}) -> ({types}) {{",
+                ops.len()
+            ));
+            self.w.indent += 1;
+            let mut lane_idx = idx.clone();
+            lane_idx.push(iv);
+            let lane = Lane {
+                idx: lane_idx,
+                width,
+            };
+            let x = f(self, &lane);
+            self.write(&buf, ty.dtype, &lane, &x);
+            let next: Vec<String> = ops
+                .iter()
+                .zip(&args)
+                .map(|((_, combine, _), a)| self.assign(&format!("arith.{combine} {a}, {x} : {t}")))
+                .collect();
+            self.line(&format!("scf.yield {} : {types}", next.join(", ")));
+            self.close();
+            for (i, p) in partial.iter_mut().enumerate() {
+                let r = Some(format!("{res}#{i}"));
+                if width == 1 {
+                    p.1 = r;
+                } else {
+                    p.0 = r;
+                }
+            }
+        }
+        for (((_, combine, kind), (vector, scalar)), (_, result)) in
+            ops.iter().zip(partial).zip(reductions)
+        {
+            let vt = lanes_of(elem, LANES);
+            let h = vector.map(|v| {
+                self.assign(&format!(
+                    "vector.reduction <{kind}>, {v} : {vt} into {elem}"
+                ))
+            });
+            let total = match (h, scalar) {
+                (Some(h), Some(s)) => self.assign(&format!("arith.{combine} {h}, {s} : {elem}")),
+                (Some(x), None) | (None, Some(x)) => x,
+                (None, None) => unreachable!("the last dim is not empty"),
+            };
+            let rty = self.ty(*result).clone();
+            let total = self.round(rty.dtype, &total, 1);
+            if rty.is_scalar() {
+                self.values.insert(*result, Val::Scalar(total));
+            } else {
+                let out = self.alloc(&rty.shape, rty.dtype);
+                self.values.insert(*result, Val::View(out.clone()));
+                let lane = Lane {
+                    idx: idx.clone(),
+                    width: 1,
+                };
+                self.write(&out, rty.dtype, &lane, &total);
+            }
+        }
+        for _ in outer {
+            self.close();
+        }
+        Val::View(buf)
+    }
+
+    /// Loops over every index of `shape`, the last dim 8 lanes at a time, then a scalar tail.
+    pub(super) fn lanes(&mut self, shape: &[u64], f: &mut dyn FnMut(&mut Self, &Lane)) {
+        let Some((&last, outer)) = shape.split_last() else {
+            return f(
+                self,
+                &Lane {
+                    idx: vec![],
+                    width: 1,
+                },
+            );
+        };
+        let mut idx = Vec::new();
+        for &n in outer {
+            let (zero, one, hi) = (self.index(0), self.index(1), self.index(n));
+            idx.push(self.open_for(&zero, &hi, &one));
+        }
+        let main = last / LANES * LANES;
+        for (lo, hi, width) in [(0, main, LANES), (main, last, 1)] {
+            if lo == hi {
+                continue;
+            }
+            let (lo, hi, step) = (self.index(lo), self.index(hi), self.index(width));
+            let j = self.open_for(&lo, &hi, &step);
+            let mut lane_idx = idx.clone();
+            lane_idx.push(j);
+            f(
+                self,
+                &Lane {
+                    idx: lane_idx,
+                    width,
+                },
+            );
+            self.close();
+        }
+        for _ in outer {
+            self.close();
+        }
+    }
+
+    /// The memref indices of `lane` in `view`, with the innermost value dim shifted by
+    /// `shift` lanes.
+    pub(super) fn view_indices(&mut self, view: &View, lane: &Lane, shift: u64) -> Vec<String> {
+        let last = lane.idx.len().wrapping_sub(1);
+        (0..view.dims.len())
+            .map(|i| {
+                let mut ix = view.dims[i].map(|d| lane.idx[d].clone());
+                if shift > 0 && view.dims[i] == Some(last) {
+                    let s = self.index(shift);
+                    ix = Some(self.add_index(ix.as_ref().unwrap(), &s));
+                }
+                match (&view.offsets[i], ix) {
+                    (Some(o), Some(x)) => self.add_index(o, &x),
+                    (Some(o), None) => o.clone(),
+                    (None, Some(x)) => x,
+                    (None, None) => self.index(0),
+                }
+            })
+            .collect()
+    }
+
+    /// `lane`'s elements of `v` as registers of `dtype` (a scalar or `vector<8x..>`).
+    pub(super) fn read(&mut self, v: &Val, dtype: DType, lane: &Lane) -> String {
+        let w = lane.width;
+        let elem = storage(dtype);
+        match v {
+            Val::Expr(e) => {
+                let args: Vec<String> = e
+                    .operands
+                    .iter()
+                    .map(|(v, d)| self.read(v, *d, lane))
+                    .collect();
+                let x = self.scalar_op(&e.kind, &args, &e.operands, e.dtype, w);
+                self.round(e.dtype, &x, w)
+            }
+            Val::Scalar(s) | Val::Splat(s) => {
+                if w == 1 {
+                    s.clone()
+                } else {
+                    let t = lanes_of(reg(dtype), w);
+                    self.assign(&format!("vector.broadcast {s} : {} to {t}", reg(dtype)))
+                }
+            }
+            Val::Iota(d) => {
+                let last = lane.idx.len() - 1;
+                let i = self.i32_of(&lane.idx[*d]);
+                if w == 1 {
+                    return i;
+                }
+                let t = lanes_of("i32", w);
+                let base = self.assign(&format!("vector.broadcast {i} : i32 to {t}"));
+                if *d != last {
+                    return base;
+                }
+                let steps = (0..w).map(|l| l.to_string()).collect::<Vec<_>>().join(", ");
+                let step = self.constant(&format!("[{steps}]"), &t);
+                self.assign(&format!("arith.addi {base}, {step} : {t}"))
+            }
+            Val::View(view) => {
+                let last = lane.idx.len().wrapping_sub(1);
+                let contiguous = view.dims.last() == Some(&Some(last));
+                let varies = view.dims.contains(&Some(last));
+                let loaded = if w == 1 || !varies {
+                    let ix = self.view_indices(view, lane, 0);
+                    let s = self.assign(&format!(
+                        "memref.load {}[{}] : {}",
+                        view.mem,
+                        ix.join(", "),
+                        view.mem_type
+                    ));
+                    if w == 1 {
+                        s
+                    } else {
+                        let t = lanes_of(elem, w);
+                        self.assign(&format!("vector.broadcast {s} : {elem} to {t}"))
+                    }
+                } else if contiguous {
+                    let ix = self.view_indices(view, lane, 0);
+                    self.assign(&format!(
+                        "vector.load {}[{}] : {}, {}",
+                        view.mem,
+                        ix.join(", "),
+                        view.mem_type,
+                        lanes_of(elem, w)
+                    ))
+                } else {
+                    let elems: Vec<String> = (0..w)
+                        .map(|l| {
+                            let ix = self.view_indices(view, lane, l);
+                            self.assign(&format!(
+                                "memref.load {}[{}] : {}",
+                                view.mem,
+                                ix.join(", "),
+                                view.mem_type
+                            ))
+                        })
+                        .collect();
+                    self.assign(&format!(
+                        "vector.from_elements {} : {}",
+                        elems.join(", "),
+                        lanes_of(elem, w)
+                    ))
+                };
+                if dtype == DType::Bool {
+                    let (from, to) = (lanes_of("i8", w), lanes_of("i1", w));
+                    self.assign(&format!("arith.trunci {loaded} : {from} to {to}"))
+                } else {
+                    loaded
+                }
+            }
+        }
+    }
+
+    /// Stores `x` (registers of `dtype`) at `lane` of `view` (contiguous in its last dim).
+    pub(super) fn write(&mut self, view: &View, dtype: DType, lane: &Lane, x: &str) {
+        let w = lane.width;
+        let x = if dtype == DType::Bool {
+            let (from, to) = (lanes_of("i1", w), lanes_of("i8", w));
+            self.assign(&format!("arith.extui {x} : {from} to {to}"))
+        } else {
+            x.to_string()
+        };
+        let ix = self.view_indices(view, lane, 0);
+        if w == 1 {
+            self.line(&format!(
+                "memref.store {x}, {}[{}] : {}",
+                view.mem,
+                ix.join(", "),
+                view.mem_type
+            ));
+        } else {
+            self.line(&format!(
+                "vector.store {x}, {}[{}] : {}, {}",
+                view.mem,
+                ix.join(", "),
+                view.mem_type,
+                lanes_of(storage(dtype), w)
+            ));
+        }
+    }
+
+    /// Copies `v` (a `ty` tensor) into a fresh contiguous buffer.
+    pub(super) fn pack(&mut self, v: &Val, ty: &TensorType) -> View {
+        match self.materialize(ty, &mut |e, lane| e.read(v, ty.dtype, lane)) {
+            Val::View(b) => b,
+            _ => unreachable!("materialize returns a buffer"),
+        }
+    }
+
+    pub(super) fn reduce(
+        &mut self,
+        op: ReduceOp,
+        x: Value,
+        axes: &[usize],
+        ty: &TensorType,
+    ) -> Val {
+        let xt = self.ty(x).clone();
+        let src = self.val(x);
+        let rank = xt.rank();
+        let (identity, combine, kind) = reduction(op, xt.dtype);
+        let elem = reg(xt.dtype);
+        if !axes.contains(&(rank - 1)) {
+            // The last dim survives: accumulate rows into the result buffer.
+            let out = self.alloc(&ty.shape, ty.dtype);
+            let init = Val::Splat(self.literal(ty.dtype, identity, 1));
+            self.lanes(&ty.shape, &mut |e, lane| {
+                let x = e.read(&init, ty.dtype, lane);
+                e.write(&out, ty.dtype, lane, &x);
+            });
+            let out_val = Val::View(out.clone());
+            let kept: Vec<usize> = (0..rank).filter(|d| !axes.contains(d)).collect();
+            self.lanes(&xt.shape, &mut |e, lane| {
+                let v = e.read(&src, xt.dtype, lane);
+                let out_lane = Lane {
+                    idx: kept.iter().map(|&d| lane.idx[d].clone()).collect(),
+                    width: lane.width,
+                };
+                let acc = e.read(&out_val, ty.dtype, &out_lane);
+                let t = lanes_of(elem, lane.width);
+                let r = e.assign(&format!("arith.{combine} {acc}, {v} : {t}"));
+                e.write(&out, ty.dtype, &out_lane, &r);
+            });
+            return out_val;
+        }
+        // The last dim is reduced: per result element, loop over the reduced dims with a
+        // vector accumulator, then reduce it horizontally.
+        let kept: Vec<usize> = (0..rank).filter(|d| !axes.contains(d)).collect();
+        let out = (!ty.is_scalar()).then(|| self.alloc(&ty.shape, ty.dtype));
+        let mut idx = vec![String::new(); rank];
+        let mut opened = 0;
+        for &d in &kept {
+            let (zero, one, hi) = (self.index(0), self.index(1), self.index(xt.shape[d]));
+            idx[d] = self.open_for(&zero, &hi, &one);
+            opened += 1;
+        }
+        let last = xt.shape[rank - 1];
+        let main = last / LANES * LANES;
+        let vt = lanes_of(elem, LANES);
+        let vinit = self.literal(xt.dtype, identity, LANES);
+        let sinit = self.literal(xt.dtype, identity, 1);
+        let outer_reduced: Vec<usize> = axes.iter().copied().filter(|&d| d != rank - 1).collect();
+        // Nested loops over the other reduced dims carry (vector acc, scalar acc).
+        let mut accs = (vinit, sinit);
+        let mut headers = Vec::new();
+        for &d in &outer_reduced {
+            let (zero, one, hi) = (self.index(0), self.index(1), self.index(xt.shape[d]));
+            let iv = self.w.fresh();
+            let (va, sa) = (self.w.fresh(), self.w.fresh());
+            let res = self.w.fresh();
+            self.line(&format!(
+                "{res}:2 = scf.for {iv} = {zero} to {hi} step {one} iter_args({va} = {}, {sa} = {}) -> ({vt}, {elem}) {{",
+                accs.0, accs.1
+            ));
+            self.w.indent += 1;
+            idx[d] = iv;
+            headers.push(res);
+            accs = (va, sa);
+        }
+        let (mut vacc, mut sacc) = accs.clone();
+        // Independent accumulators hide the latency of the combining op.
+        let unrolled = last / (LANES * REDUCE_ACCUMULATORS) * LANES * REDUCE_ACCUMULATORS;
+        let segments = [
+            (0, unrolled, LANES, REDUCE_ACCUMULATORS),
+            (unrolled, main, LANES, 1),
+            (main, last, 1, 1),
+        ];
+        for (lo, hi, width, count) in segments {
+            if lo == hi {
+                continue;
+            }
+            let (lo_c, hi_c) = (self.index(lo), self.index(hi));
+            let step = self.index(width * count);
+            let iv = self.w.fresh();
+            let res = self.w.fresh();
+            let t = lanes_of(elem, width);
+            let init = if width == 1 {
+                sacc.clone()
+            } else {
+                vacc.clone()
+            };
+            let args: Vec<String> = (0..count).map(|_| self.w.fresh()).collect();
+            // The first accumulator starts from the running value, the others from the
+            // identity.
+            let identity = self.literal(xt.dtype, identity, width);
+            let inits = args
+                .iter()
+                .enumerate()
+                .map(|(i, a)| format!("{a} = {}", if i == 0 { &init } else { &identity }))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let types = vec![t.clone(); count as usize].join(", ");
+            self.line(&format!(
+                "{res}:{count} = scf.for {iv} = {lo_c} to {hi_c} step {step} iter_args({inits}) -> ({types}) {{"
+            ));
+            self.w.indent += 1;
+            let mut next = Vec::new();
+            for (i, a) in args.iter().enumerate() {
+                let off = self.index(i as u64 * width);
+                idx[rank - 1] = self.add_index(&iv, &off);
+                let lane = Lane {
+                    idx: idx.clone(),
+                    width,
+                };
+                let v = self.read(&src, xt.dtype, &lane);
+                next.push(self.assign(&format!("arith.{combine} {a}, {v} : {t}")));
+            }
+            self.line(&format!("scf.yield {} : {types}", next.join(", ")));
+            self.close();
+            let mut acc = format!("{res}#0");
+            for i in 1..count {
+                acc = self.assign(&format!("arith.{combine} {acc}, {res}#{i} : {t}"));
+            }
+            if width == 1 {
+                sacc = acc;
+            } else {
+                vacc = acc;
+            }
+        }
+        for res in headers.iter().rev() {
+            self.line(&format!("scf.yield {vacc}, {sacc} : {vt}, {elem}"));
+            self.close();
+            vacc = format!("{res}#0");
+            sacc = format!("{res}#1");
+        }
+        let h = self.assign(&format!(
+            "vector.reduction <{kind}>, {vacc} : {vt} into {elem}"
+        ));
+        let total = self.assign(&format!("arith.{combine} {h}, {sacc} : {elem}"));
+        let total = self.round(ty.dtype, &total, 1);
+        match out {
+            Some(out) => {
+                let lane = Lane {
+                    idx: kept.iter().map(|&d| idx[d].clone()).collect(),
+                    width: 1,
+                };
+                self.write(&out, ty.dtype, &lane, &total);
+                for _ in 0..opened {
+                    self.close();
+                }
+                Val::View(out)
+            }
+            None => Val::Scalar(total),
+        }
+    }
+}
+
+/// A reduction's identity, its combining `arith` op and its `vector.reduction` kind.
+fn reduction(op: ReduceOp, dtype: DType) -> (f64, &'static str, &'static str) {
+    match (op, dtype.is_float()) {
+        (ReduceOp::Sum, true) => (0.0, "addf", "add"),
+        (ReduceOp::Max, true) => (f64::NEG_INFINITY, "maximumf", "maximumf"),
+        (ReduceOp::Min, true) => (f64::INFINITY, "minimumf", "minimumf"),
+        (ReduceOp::Sum, false) => (0.0, "addi", "add"),
+        (ReduceOp::Max, false) => (i32::MIN as f64, "maxsi", "maxsi"),
+        (ReduceOp::Min, false) => (i32::MAX as f64, "minsi", "minsi"),
+    }
+}

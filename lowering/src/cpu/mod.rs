@@ -1,0 +1,852 @@
+//! Kernel IR -> upstream MLIR (func/scf/vector/arith/math/memref) for the native CPU
+//! backend: one function that runs a range of programs of the grid on the host.
+//!
+//! * The function is `@NAME(%lo, %hi, %step: index, refs...)`: it runs programs
+//!   `lo, lo + step, ...` (`< hi`) of the leading parallel grid axes, flattened row-major,
+//!   and every program of the remaining axes in order, so callers split the parallel
+//!   programs across threads. Every input and output is a memref of its array padded up
+//!   to whole blocks (the caller pads); scratch is allocated per call, so it persists
+//!   across the sequential axes as on a TPU core.
+//! * Tensors are buffers (`memref.alloc`, hoisted to the function entry), views (a load
+//!   of an input ref, a broadcast, a transpose or a unit-dim reshape reads its operand in
+//!   place) or fused expressions (a single-use element-wise result is computed where it
+//!   is read); constants and `iota` are never stored. Rank-0 tensors are SSA scalars.
+//! * Element-wise work runs in loops whose innermost dimension goes 8 lanes at a time
+//!   (AVX2 `vector<8xf32>`) with a scalar tail ([`memory`]). `dot` runs a register-tiled
+//!   6x16 FMA micro-kernel ([`dot`]). `exp` is a polynomial in `arith` ([`math`]: the
+//!   LLVM intrinsic would become a scalar `expf` per lane). `for`/`if` are in [`control`].
+//! * Floats compute in f32; bf16/f16 results are rounded after every op as the
+//!   interpreter does. Bools are stored as bytes.
+
+use std::collections::HashMap;
+use std::f64::consts::LN_2;
+use std::fmt::Write as _;
+
+use kernel_ir::{
+    BinaryOp, BlockDim, DType, Index, IndexBinOp, IndexExpr, Kernel, Literal, Op, OpKind, ReduceOp,
+    RefKind, Region, Start, TensorType, UnaryOp, Value,
+};
+
+use crate::text::{comparison, literal, scf_if_header, Writer};
+
+mod control;
+mod dot;
+mod math;
+mod memory;
+
+/// Lanes per vector: 256-bit AVX2 registers of 32-bit elements.
+const LANES: u64 = 8;
+/// Rows of the dot micro-kernel's register tile.
+const TILE_ROWS: u64 = 6;
+/// Independent vector accumulators of a reduction along the last dim.
+const REDUCE_ACCUMULATORS: u64 = 4;
+/// Vectors per row of the dot micro-kernel's register tile.
+const TILE_VECTORS: u64 = 2;
+
+/// A lowered kernel and what the caller needs to run it.
+#[derive(Clone, Debug)]
+pub struct CpuModule {
+    /// The MLIR module (text).
+    pub text: String,
+    /// The function to call.
+    pub symbol: String,
+    /// Padded shape of each input and output array, in argument order.
+    pub padded_shapes: Vec<Vec<u64>>,
+    /// Number of programs of the leading parallel grid axes (the `lo..hi` range).
+    pub parallel_programs: u64,
+}
+
+/// Why a kernel cannot be compiled to native code, if it cannot.
+pub fn unsupported(kernel: &Kernel) -> Option<String> {
+    fn walk(k: &Kernel, r: &Region) -> Option<String> {
+        for op in &r.ops {
+            if let OpKind::Binary {
+                op: BinaryOp::Div | BinaryOp::Rem,
+                lhs,
+                rhs,
+            } = &op.kind
+            {
+                if !k.type_of(*lhs).dtype.is_float() && !is_nonzero_const(r, *rhs) {
+                    return Some(format!(
+                        "integer {} by a computed divisor (%{}): native code cannot report \
+                         division by zero",
+                        op.kind.mnemonic(),
+                        rhs.0
+                    ));
+                }
+            }
+            if let Some(e) = op.kind.regions().into_iter().find_map(|r| walk(k, r)) {
+                return Some(e);
+            }
+        }
+        None
+    }
+    /// Whether `v` is an integer constant other than zero defined in `r`.
+    fn is_nonzero_const(r: &Region, v: Value) -> bool {
+        r.ops.iter().any(|op| {
+            op.results.first() == Some(&v)
+                && matches!(op.kind, OpKind::Constant { value: Literal::Int(i) } if i != 0)
+        })
+    }
+    walk(kernel, &kernel.body)
+}
+
+/// Lowers a verified kernel (one [`unsupported`] accepts) to a CPU module.
+pub fn lower(kernel: &Kernel) -> CpuModule {
+    let mut e = Emitter::new(kernel);
+    let text = e.module();
+    CpuModule {
+        text,
+        symbol: kernel.name.clone(),
+        padded_shapes: e
+            .padded
+            .iter()
+            .zip(&kernel.refs)
+            .filter(|(_, r)| r.kind != RefKind::Scratch)
+            .map(|(p, _)| p.clone())
+            .collect(),
+        parallel_programs: parallel_prefix(kernel).iter().product(),
+    }
+}
+
+/// The leading parallel grid axes.
+fn parallel_prefix(k: &Kernel) -> &[u64] {
+    let n = k
+        .dimension_semantics
+        .iter()
+        .take_while(|s| **s == kernel_ir::DimSemantics::Parallel)
+        .count();
+    &k.grid[..n]
+}
+
+/// How a tensor value is held.
+#[derive(Clone, Debug)]
+enum Val {
+    /// A rank-0 tensor: an SSA scalar.
+    Scalar(String),
+    /// Every element equals this SSA scalar.
+    Splat(String),
+    /// Element `i` along `dim` is `i` (i32).
+    Iota(usize),
+    /// Elements read from memory.
+    View(View),
+    /// An element-wise op computed where it is read (its only use is in the same region).
+    Expr(std::rc::Rc<Expr>),
+}
+
+/// An element-wise op whose result is never stored.
+#[derive(Debug)]
+struct Expr {
+    kind: OpKind,
+    operands: Vec<(Val, DType)>,
+    dtype: DType,
+}
+
+impl Val {
+    /// The views this value reads, through its expressions.
+    fn leaves<'a>(&'a self, out: &mut Vec<&'a View>) {
+        match self {
+            Val::View(v) => out.push(v),
+            Val::Expr(e) => e.operands.iter().for_each(|(v, _)| v.leaves(out)),
+            _ => {}
+        }
+    }
+}
+
+/// The values whose only use is an element-wise read in the region that defines them:
+/// they are fused into that reader instead of being stored.
+fn fusible(k: &Kernel) -> std::collections::HashSet<Value> {
+    fn walk(
+        r: &Region,
+        id: &mut usize,
+        defs: &mut HashMap<Value, usize>,
+        uses: &mut HashMap<Value, Vec<usize>>,
+    ) {
+        let here = *id;
+        for op in &r.ops {
+            for v in op.kind.operands() {
+                uses.entry(v).or_default().push(here);
+            }
+            let element_wise = matches!(
+                op.kind,
+                OpKind::Unary { .. }
+                    | OpKind::Binary { .. }
+                    | OpKind::Compare { .. }
+                    | OpKind::Select { .. }
+                    | OpKind::Cast { .. }
+            );
+            if element_wise {
+                defs.insert(op.results[0], here);
+            }
+            for nested in op.kind.regions() {
+                *id += 1;
+                walk(nested, id, defs, uses);
+            }
+        }
+    }
+    let (mut defs, mut uses) = (HashMap::new(), HashMap::new());
+    walk(&k.body, &mut 0, &mut defs, &mut uses);
+    defs.into_iter()
+        .filter(|(v, region)| uses.get(v).is_some_and(|u| u == &[*region]))
+        .map(|(v, _)| v)
+        .collect()
+}
+
+/// A tensor read from (part of) a memref: buffer dim `i` is indexed by `offsets[i]` plus
+/// the value's index along `dims[i]` (or by `offsets[i]` alone when `None`).
+#[derive(Clone, Debug)]
+struct View {
+    mem: String,
+    mem_type: String,
+    /// The memref's shape.
+    shape: Vec<u64>,
+    offsets: Vec<Option<String>>,
+    dims: Vec<Option<usize>>,
+}
+
+/// One step of an element-wise loop: the value's index along each dim (the last one is
+/// the first of `width` consecutive lanes).
+struct Lane {
+    idx: Vec<String>,
+    width: u64,
+}
+
+/// The storage element type of a dtype.
+fn storage(d: DType) -> &'static str {
+    match d {
+        DType::F32 | DType::BF16 | DType::F16 => "f32",
+        DType::I32 => "i32",
+        DType::Bool => "i8",
+    }
+}
+
+/// The register element type of a dtype.
+fn reg(d: DType) -> &'static str {
+    match d {
+        DType::Bool => "i1",
+        _ => storage(d),
+    }
+}
+
+/// The type of `width` lanes of `elem` (a scalar when `width` is 1).
+fn lanes_of(elem: &str, width: u64) -> String {
+    if width == 1 {
+        elem.to_string()
+    } else {
+        format!("vector<{width}x{elem}>")
+    }
+}
+
+fn memref_type(shape: &[u64], elem: &str) -> String {
+    let mut s = String::from("memref<");
+    for d in shape {
+        let _ = write!(s, "{d}x");
+    }
+    s.push_str(elem);
+    s.push('>');
+    s
+}
+
+struct Emitter<'k> {
+    k: &'k Kernel,
+    w: Writer,
+    /// Allocations and constants, emitted at the function entry.
+    entry: Vec<String>,
+    deallocs: Vec<String>,
+    consts: HashMap<(String, String), String>,
+    values: HashMap<Value, Val>,
+    padded: Vec<Vec<u64>>,
+    /// The memref of each ref.
+    ref_mems: Vec<String>,
+    /// Program ids (i32) of the current program.
+    pids: Vec<String>,
+    /// Block start (index) per array dim of each ref, in the current program.
+    starts: Vec<Vec<String>>,
+    next_buffer: usize,
+    /// Element-wise results computed where they are read (see [`fusible`]).
+    fused: std::collections::HashSet<Value>,
+}
+
+impl<'k> Emitter<'k> {
+    fn new(k: &'k Kernel) -> Self {
+        let padded = k.refs.iter().map(|r| r.padded_shape()).collect();
+        Emitter {
+            k,
+            w: Writer::new("v", 2),
+            entry: Vec::new(),
+            deallocs: Vec::new(),
+            consts: HashMap::new(),
+            values: HashMap::new(),
+            padded,
+            ref_mems: Vec::new(),
+            pids: Vec::new(),
+            starts: Vec::new(),
+            next_buffer: 0,
+            fused: fusible(k),
+        }
+    }
+
+    // ---- text helpers ----------------------------------------------------------------
+
+    fn line(&mut self, s: &str) {
+        self.w.line(s)
+    }
+
+    /// `%new = <rhs>`.
+    fn assign(&mut self, rhs: &str) -> String {
+        let v = self.w.fresh();
+        self.w.line(&format!("{v} = {rhs}"));
+        v
+    }
+
+    /// A constant hoisted to the function entry (`ty` is a scalar or vector type).
+    fn constant(&mut self, value: &str, ty: &str) -> String {
+        let key = (value.to_string(), ty.to_string());
+        if let Some(c) = self.consts.get(&key) {
+            return c.clone();
+        }
+        let name = format!("%c{}", self.consts.len());
+        let attr = if ty.starts_with("vector") {
+            format!("dense<{value}> : {ty}")
+        } else {
+            format!("{value} : {ty}")
+        };
+        self.entry
+            .push(format!("    {name} = arith.constant {attr}"));
+        self.consts.insert(key, name.clone());
+        name
+    }
+
+    fn index(&mut self, n: u64) -> String {
+        self.constant(&n.to_string(), "index")
+    }
+
+    /// A literal of `dtype` in registers, splat over `width` lanes.
+    fn literal(&mut self, dtype: DType, v: f64, width: u64) -> String {
+        let text = match dtype {
+            DType::Bool => (v != 0.0).to_string(),
+            DType::BF16 | DType::F16 => {
+                literal(DType::F32, kernel_ir::round_to(dtype, v as f32) as f64)
+            }
+            d => literal(d, v),
+        };
+        self.constant(&text, &lanes_of(reg(dtype), width))
+    }
+
+    /// A fresh buffer of `shape`, allocated once at the function entry.
+    fn alloc(&mut self, shape: &[u64], dtype: DType) -> View {
+        let ty = memref_type(shape, storage(dtype));
+        let name = format!("%buf{}", self.next_buffer);
+        self.next_buffer += 1;
+        self.entry.push(format!(
+            "    {name} = memref.alloc() {{alignment = 64 : i64}} : {ty}"
+        ));
+        self.deallocs
+            .push(format!("    memref.dealloc {name} : {ty}"));
+        View {
+            mem: name,
+            mem_type: ty,
+            shape: shape.to_vec(),
+            offsets: vec![None; shape.len()],
+            dims: (0..shape.len()).map(Some).collect(),
+        }
+    }
+
+    /// Opens `scf.for %iv = lo to hi step st {` and returns `%iv`.
+    fn open_for(&mut self, lo: &str, hi: &str, step: &str) -> String {
+        let iv = self.w.fresh();
+        self.line(&format!("scf.for {iv} = {lo} to {hi} step {step} {{"));
+        self.w.indent += 1;
+        iv
+    }
+
+    fn close(&mut self) {
+        self.w.indent -= 1;
+        self.line("}");
+    }
+
+    fn index_of(&mut self, i32_value: &str) -> String {
+        self.assign(&format!("arith.index_cast {i32_value} : i32 to index"))
+    }
+
+    fn i32_of(&mut self, index: &str) -> String {
+        self.assign(&format!("arith.index_cast {index} : index to i32"))
+    }
+
+    fn add_index(&mut self, a: &str, b: &str) -> String {
+        self.assign(&format!("arith.addi {a}, {b} : index"))
+    }
+
+    // ---- the module --------------------------------------------------------------------
+
+    fn module(&mut self) -> String {
+        let k = self.k;
+        let mut params = vec![
+            "%lo: index".to_string(),
+            "%hi: index".into(),
+            "%step: index".into(),
+        ];
+        for (i, r) in k.refs.iter().enumerate() {
+            if r.kind == RefKind::Scratch {
+                let scratch = self.alloc(&r.ty.shape, r.ty.dtype);
+                self.ref_mems.push(scratch.mem);
+            } else {
+                let ty = memref_type(&self.padded[i], storage(r.ty.dtype));
+                params.push(format!("%ref{i}: {ty}"));
+                self.ref_mems.push(format!("%ref{i}"));
+            }
+        }
+        self.grid();
+        let body = self.w.take();
+        let mut out = String::new();
+        let _ = writeln!(out, "module {{");
+        let _ = writeln!(
+            out,
+            "  func.func @{}({}) attributes {{llvm.emit_c_interface}} {{",
+            k.name,
+            params.join(", ")
+        );
+        for l in &self.entry {
+            out.push_str(l);
+            out.push('\n');
+        }
+        out.push_str(&body);
+        for l in &self.deallocs {
+            out.push_str(l);
+            out.push('\n');
+        }
+        out.push_str("    return\n  }\n}\n");
+        out
+    }
+
+    /// The loops over programs: the flat parallel range, then the other axes in order.
+    fn grid(&mut self) {
+        let k = self.k;
+        let prefix = parallel_prefix(k).to_vec();
+        let flat = self.open_for("%lo", "%hi", "%step");
+        let mut pids = Vec::new();
+        let mut rest = flat;
+        for (axis, _) in prefix.iter().enumerate() {
+            let inner: u64 = prefix[axis + 1..].iter().product();
+            let c = self.index(inner);
+            let q = self.assign(&format!("arith.divui {rest}, {c} : index"));
+            rest = self.assign(&format!("arith.remui {rest}, {c} : index"));
+            pids.push(q);
+        }
+        let mut opened = 0;
+        for &n in &k.grid[prefix.len()..] {
+            let (zero, one, hi) = (self.index(0), self.index(1), self.index(n));
+            pids.push(self.open_for(&zero, &hi, &one));
+            opened += 1;
+        }
+        self.pids = pids.iter().map(|p| self.i32_of(p)).collect();
+        self.block_starts();
+        let body = &k.body;
+        self.region(body);
+        for _ in 0..opened {
+            self.close();
+        }
+        self.close();
+    }
+
+    fn index_expr(&mut self, e: &IndexExpr) -> String {
+        match e {
+            IndexExpr::ProgramId(axis) => {
+                let p = self.pids[*axis].clone();
+                self.index_of(&p)
+            }
+            IndexExpr::Const(c) => self.constant(&c.to_string(), "index"),
+            IndexExpr::Bin(op, a, b) => {
+                let (a, b) = (self.index_expr(a), self.index_expr(b));
+                let name = match op {
+                    IndexBinOp::Add => "addi",
+                    IndexBinOp::Sub => "subi",
+                    IndexBinOp::Mul => "muli",
+                    IndexBinOp::Min => "minsi",
+                    IndexBinOp::Max => "maxsi",
+                    IndexBinOp::FloorDiv => "floordivsi",
+                    IndexBinOp::Rem => {
+                        let q = self.assign(&format!("arith.floordivsi {a}, {b} : index"));
+                        let m = self.assign(&format!("arith.muli {q}, {b} : index"));
+                        return self.assign(&format!("arith.subi {a}, {m} : index"));
+                    }
+                };
+                self.assign(&format!("arith.{name} {a}, {b} : index"))
+            }
+        }
+    }
+
+    fn block_starts(&mut self) {
+        let k = self.k;
+        self.starts = k
+            .refs
+            .iter()
+            .map(|r| match &r.block {
+                Some(spec) => spec
+                    .index_map
+                    .exprs
+                    .iter()
+                    .zip(&spec.block_shape)
+                    .map(|(e, b)| {
+                        let block = self.index_expr(e);
+                        let extent = self.index(b.extent());
+                        self.assign(&format!("arith.muli {block}, {extent} : index"))
+                    })
+                    .collect(),
+                None => r.ty.shape.iter().map(|_| self.index(0)).collect(),
+            })
+            .collect();
+    }
+
+    // ---- ops ---------------------------------------------------------------------------
+
+    fn region(&mut self, r: &Region) {
+        for (i, op) in r.ops.iter().enumerate() {
+            self.op(op, &r.ops[i + 1..]);
+        }
+    }
+
+    fn ty(&self, v: Value) -> &'k TensorType {
+        self.k.type_of(v)
+    }
+
+    fn val(&self, v: Value) -> Val {
+        self.values[&v].clone()
+    }
+
+    fn scalar(&self, v: Value) -> String {
+        match &self.values[&v] {
+            Val::Scalar(s) => s.clone(),
+            other => unreachable!("%{} is a rank-0 tensor, held as {other:?}", v.0),
+        }
+    }
+
+    /// Lowers `op`; `following` are the ops after it in its region (a reduction among
+    /// them may be computed in the same pass as `op`).
+    fn op(&mut self, op: &Op, following: &[Op]) {
+        if op
+            .results
+            .first()
+            .is_some_and(|r| self.values.contains_key(r))
+        {
+            return; // already computed, fused into the pass of its operand
+        }
+        let result_ty = op.results.first().map(|&r| self.ty(r).clone());
+        let val = match &op.kind {
+            OpKind::ProgramId { axis } => Val::Scalar(self.pids[*axis].clone()),
+            OpKind::NumPrograms { axis } => {
+                Val::Scalar(self.constant(&self.k.grid[*axis].to_string(), "i32"))
+            }
+            OpKind::Constant { value } => {
+                let t = result_ty.unwrap();
+                let f = match *value {
+                    Literal::Float(f) => f,
+                    Literal::Int(i) => i as f64,
+                    Literal::Bool(b) => f64::from(u8::from(b)),
+                };
+                let c = self.literal(t.dtype, f, 1);
+                if t.is_scalar() {
+                    Val::Scalar(c)
+                } else {
+                    Val::Splat(c)
+                }
+            }
+            OpKind::Iota { dim } => Val::Iota(*dim),
+            OpKind::Load {
+                src,
+                index,
+                mask,
+                other,
+            } => self.load(src.0 as usize, index, *mask, *other, &result_ty.unwrap()),
+            OpKind::Store {
+                dst,
+                index,
+                value,
+                mask,
+            } => {
+                self.store(dst.0 as usize, index, *value, *mask);
+                return;
+            }
+            OpKind::Broadcast { x, dims } => self.broadcast(*x, dims, &result_ty.unwrap()),
+            OpKind::Reshape { x } => self.reshape(*x, &result_ty.unwrap()),
+            OpKind::Transpose { x, perm } => self.transpose(*x, perm),
+            OpKind::Unary { .. }
+            | OpKind::Binary { .. }
+            | OpKind::Compare { .. }
+            | OpKind::Select { .. }
+            | OpKind::Cast { .. } => {
+                self.elementwise(op.results[0], &op.kind, &result_ty.unwrap(), following)
+            }
+            OpKind::Reduce { op: r, x, axes } => self.reduce(*r, *x, axes, &result_ty.unwrap()),
+            OpKind::Dot {
+                lhs,
+                rhs,
+                transpose_lhs,
+                transpose_rhs,
+            } => self.dot(*lhs, *rhs, *transpose_lhs, *transpose_rhs),
+            OpKind::For {
+                lower,
+                upper,
+                step,
+                inits,
+                body,
+            } => {
+                self.for_op(op, *lower, *upper, *step, inits, body);
+                return;
+            }
+            OpKind::If {
+                cond,
+                then_region,
+                else_region,
+            } => {
+                self.if_op(op, *cond, then_region, else_region);
+                return;
+            }
+            OpKind::Yield { .. } => return,
+        };
+        self.values.insert(op.results[0], val);
+    }
+
+    /// The view of a load/store window of ref `r`.
+    fn window(&mut self, r: usize, index: &[Index]) -> View {
+        let decl = &self.k.refs[r];
+        let mut offsets = Vec::new();
+        let mut dims = Vec::new();
+        let mut kernel_dim = 0;
+        let mut result_dim = 0;
+        for (dim, bd) in decl.block_dims().iter().enumerate() {
+            let base = self.starts[r][dim].clone();
+            if *bd == BlockDim::Squeezed {
+                offsets.push(Some(base));
+                dims.push(None);
+                continue;
+            }
+            let (offset, keep) = match index[kernel_dim] {
+                Index::Full => (base, true),
+                Index::At(v) => {
+                    let i = self.scalar(v);
+                    let i = self.index_of(&i);
+                    (self.add_index(&base, &i), false)
+                }
+                Index::Slice { start, .. } => {
+                    let s = match start {
+                        Start::Static(s) => self.index(s),
+                        Start::Dynamic(v) => {
+                            let i = self.scalar(v);
+                            self.index_of(&i)
+                        }
+                    };
+                    (self.add_index(&base, &s), true)
+                }
+            };
+            kernel_dim += 1;
+            offsets.push(Some(offset));
+            if keep {
+                dims.push(Some(result_dim));
+                result_dim += 1;
+            } else {
+                dims.push(None);
+            }
+        }
+        View {
+            mem: self.ref_mems[r].clone(),
+            mem_type: memref_type(&self.padded[r], storage(decl.ty.dtype)),
+            shape: self.padded[r].clone(),
+            offsets,
+            dims,
+        }
+    }
+
+    fn load(
+        &mut self,
+        r: usize,
+        index: &[Index],
+        mask: Option<Value>,
+        other: Option<Value>,
+        ty: &TensorType,
+    ) -> Val {
+        let view = self.window(r, index);
+        if ty.is_scalar() {
+            let lane = Lane {
+                idx: vec![],
+                width: 1,
+            };
+            let x = self.read(&Val::View(view), ty.dtype, &lane);
+            return Val::Scalar(match (mask, other) {
+                (Some(m), o) => {
+                    let m = self.scalar(m);
+                    let o = match o {
+                        Some(o) => self.scalar(o),
+                        None => self.literal(ty.dtype, 0.0, 1),
+                    };
+                    self.assign(&format!("arith.select {m}, {x}, {o} : {}", reg(ty.dtype)))
+                }
+                (None, _) => x,
+            });
+        }
+        let immutable = self.k.refs[r].kind == RefKind::Input;
+        if mask.is_none() && immutable {
+            return Val::View(view);
+        }
+        // Snapshot (writable refs change later) and apply the mask.
+        let src = Val::View(view);
+        let mask = mask.map(|m| self.val(m));
+        let other = other.map(|o| self.val(o));
+        self.materialize(ty, &mut |e, lane| {
+            let x = e.read(&src, ty.dtype, lane);
+            match &mask {
+                None => x,
+                Some(m) => {
+                    let m = e.read(m, DType::Bool, lane);
+                    let o = match &other {
+                        Some(o) => e.read(o, ty.dtype, lane),
+                        None => e.literal(ty.dtype, 0.0, lane.width),
+                    };
+                    let t = lanes_of(reg(ty.dtype), lane.width);
+                    e.assign(&format!(
+                        "arith.select {m}, {x}, {o} : {}",
+                        select_type(lane.width, &t)
+                    ))
+                }
+            }
+        })
+    }
+
+    fn store(&mut self, r: usize, index: &[Index], value: Value, mask: Option<Value>) {
+        let view = self.window(r, index);
+        let ty = self.ty(value).clone();
+        let src = self.val(value);
+        let mask = mask.map(|m| self.val(m));
+        let dst = Val::View(view.clone());
+        self.lanes(&ty.shape, &mut |e, lane| {
+            let mut x = e.read(&src, ty.dtype, lane);
+            if let Some(m) = &mask {
+                let m = e.read(m, DType::Bool, lane);
+                let old = e.read(&dst, ty.dtype, lane);
+                let t = lanes_of(reg(ty.dtype), lane.width);
+                x = e.assign(&format!(
+                    "arith.select {m}, {x}, {old} : {}",
+                    select_type(lane.width, &t)
+                ));
+            }
+            e.write(&view, ty.dtype, lane, &x);
+        });
+    }
+
+    /// The value of `v`, stored first if it is a fused expression (for the view ops,
+    /// which re-index their operand).
+    fn stored_val(&mut self, v: Value) -> Val {
+        match self.val(v) {
+            Val::Expr(_) => {
+                let ty = self.ty(v).clone();
+                let x = self.val(v);
+                Val::View(self.pack(&x, &ty))
+            }
+            other => other,
+        }
+    }
+
+    fn broadcast(&mut self, x: Value, bdims: &[usize], ty: &TensorType) -> Val {
+        let xt = self.ty(x).clone();
+        match self.stored_val(x) {
+            Val::Scalar(s) | Val::Splat(s) => Val::Splat(s),
+            Val::Iota(d) => {
+                let to = bdims[d];
+                if xt.shape[d] == ty.shape[to] {
+                    Val::Iota(to)
+                } else {
+                    Val::Splat(self.literal(DType::I32, 0.0, 1))
+                }
+            }
+            Val::View(v) => Val::View(View {
+                dims: v
+                    .dims
+                    .iter()
+                    .map(|d| {
+                        d.and_then(|xd| {
+                            let to = bdims[xd];
+                            (xt.shape[xd] == ty.shape[to]).then_some(to)
+                        })
+                    })
+                    .collect(),
+                ..v
+            }),
+            Val::Expr(_) => unreachable!("stored_val stores expressions"),
+        }
+    }
+
+    fn transpose(&mut self, x: Value, perm: &[usize]) -> Val {
+        let inverse = |d: usize| perm.iter().position(|&p| p == d).unwrap();
+        match self.stored_val(x) {
+            Val::Iota(d) => Val::Iota(inverse(d)),
+            Val::View(v) => Val::View(View {
+                dims: v.dims.iter().map(|d| d.map(inverse)).collect(),
+                ..v
+            }),
+            other => other,
+        }
+    }
+
+    fn reshape(&mut self, x: Value, ty: &TensorType) -> Val {
+        let xt = self.ty(x).clone();
+        let src = self.stored_val(x);
+        if ty.is_scalar() {
+            let lane = Lane {
+                idx: xt.shape.iter().map(|_| self.index(0)).collect(),
+                width: 1,
+            };
+            return Val::Scalar(self.read(&src, xt.dtype, &lane));
+        }
+        // Same non-unit dims in the same order: re-index the view.
+        let nonunit = |s: &[u64]| -> Vec<usize> { (0..s.len()).filter(|&d| s[d] != 1).collect() };
+        let (from, to) = (nonunit(&xt.shape), nonunit(&ty.shape));
+        let same = from.len() == to.len()
+            && from
+                .iter()
+                .zip(&to)
+                .all(|(&a, &b)| xt.shape[a] == ty.shape[b]);
+        match &src {
+            Val::Scalar(s) | Val::Splat(s) => return Val::Splat(s.clone()),
+            Val::View(v) if same => {
+                let remap = |d: usize| from.iter().position(|&f| f == d).map(|i| to[i]);
+                return Val::View(View {
+                    dims: v.dims.iter().map(|d| d.and_then(remap)).collect(),
+                    ..v.clone()
+                });
+            }
+            _ => {}
+        }
+        // General reshape: lay the elements out row-major, then reinterpret.
+        let flat = self.materialize(&xt, &mut |e, lane| e.read(&src, xt.dtype, lane));
+        let Val::View(flat) = flat else {
+            unreachable!("materialize returns a buffer")
+        };
+        let strides = kernel_ir::row_major_strides(&ty.shape);
+        let ty_text = memref_type(&ty.shape, storage(ty.dtype));
+        let list = |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
+        let mem = self.assign(&format!(
+            "memref.reinterpret_cast {} to offset: [0], sizes: [{}], strides: [{}] : {} to {}",
+            flat.mem,
+            list(&ty.shape),
+            list(&strides),
+            flat.mem_type,
+            ty_text
+        ));
+        Val::View(View {
+            mem,
+            mem_type: ty_text,
+            shape: ty.shape.clone(),
+            offsets: vec![None; ty.rank()],
+            dims: (0..ty.rank()).map(Some).collect(),
+        })
+    }
+}
+
+/// The type clause of `arith.select` on `t`: vectors need the condition type too.
+fn select_type(width: u64, t: &str) -> String {
+    if width == 1 {
+        t.to_string()
+    } else {
+        format!("{}, {t}", lanes_of("i1", width))
+    }
+}
