@@ -12,9 +12,9 @@
 //!   place) or fused expressions (a single-use element-wise result is computed where it
 //!   is read); constants and `iota` are never stored. Rank-0 tensors are SSA scalars.
 //! * Element-wise work runs in loops whose innermost dimension goes 8 lanes at a time
-//!   (AVX2 `vector<8xf32>`) with a scalar tail ([`memory`]). `dot` runs a register-tiled
-//!   6x16 FMA micro-kernel ([`dot`]). `exp` is a polynomial in `arith` ([`math`]: the
-//!   LLVM intrinsic would become a scalar `expf` per lane). `for`/`if` are in [`control`].
+//!   (AVX2 `vector<8xf32>`) with a scalar tail (`memory.rs`). `dot` runs a register-tiled
+//!   6x16 FMA micro-kernel (`dot.rs`). `exp` is a polynomial in `arith` (`math.rs`: the
+//!   LLVM intrinsic would become a scalar `expf` per lane). `for`/`if` are in `control.rs`.
 //! * Floats compute in f32; bf16/f16 results are rounded after every op as the
 //!   interpreter does. Bools are stored as bytes.
 
