@@ -108,6 +108,9 @@ pub enum Error {
     /// MLIR/LLVM failed to compile the kernel for the native backend.
     #[error("native: {0}")]
     Native(String),
+    /// Native code detected an access outside a block (and kept it inside).
+    #[error("native: {0}")]
+    NativeFault(String),
 }
 
 /// The backend a call resolved to and the reasons other backends were passed over.
@@ -172,11 +175,25 @@ pub fn run(
     inputs: &[Array],
     requested: Backend,
 ) -> Result<(Vec<Array>, Resolution), Error> {
-    let resolution = resolve(requested, kernel)?;
+    let mut resolution = resolve(requested, kernel)?;
     let outputs = match resolution.backend {
         Backend::Interp => interpret(kernel, inputs, &interpreter_options())?,
         Backend::Xla => run_xla(kernel, inputs)?,
-        Backend::Native => native::backend().run(kernel, inputs)?,
+        Backend::Native => match native::backend().run(kernel, inputs) {
+            // `auto` moves on when the JIT cannot compile the kernel.
+            Err(Error::Native(reason)) if requested == Backend::Auto => {
+                let fallback = Backend::PREFERENCE[1..]
+                    .iter()
+                    .copied()
+                    .find(|b| b.unavailable_because(kernel).is_none())
+                    .expect("the interpreter is always available");
+                let (outputs, mut rest) = run(kernel, inputs, fallback)?;
+                rest.fallbacks.insert(0, format!("native: {reason}"));
+                resolution = rest;
+                outputs
+            }
+            other => other?,
+        },
         Backend::Auto => unreachable!("resolve() returns a concrete backend"),
     };
     Ok((outputs, resolution))

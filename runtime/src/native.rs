@@ -32,6 +32,12 @@ const PIPELINE: &str = "builtin.module(arith-expand,convert-scf-to-cf,\
     convert-index-to-llvm,convert-cf-to-llvm,convert-func-to-llvm,convert-ub-to-llvm,\
     reconcile-unrealized-casts)";
 
+/// The pass pipeline: [`PIPELINE`], or `$TESSERA_NATIVE_PIPELINE` to experiment with
+/// (part of the cache key).
+fn pipeline() -> String {
+    std::env::var("TESSERA_NATIVE_PIPELINE").unwrap_or_else(|_| PIPELINE.to_string())
+}
+
 /// LLVM optimisation level of the JIT.
 const OPT_LEVEL: i32 = 3;
 
@@ -76,7 +82,7 @@ impl Compiler for JitCompiler {
     type Executable = Jitted;
 
     fn fingerprint(&self) -> String {
-        format!("native|mlir-sys 220|O{OPT_LEVEL}|{PIPELINE}")
+        format!("native|mlir-sys 220|O{OPT_LEVEL}|{}", pipeline())
     }
 
     fn compile(&self, text: &str) -> Result<Jitted, String> {
@@ -105,7 +111,7 @@ impl Compiler for JitCompiler {
         let mut module = Module::parse(&context, text)
             .ok_or_else(|| format!("MLIR could not parse the module: {}", messages()))?;
         let passes = PassManager::new(&context);
-        parse_pass_pipeline(passes.as_operation_pass_manager(), PIPELINE)
+        parse_pass_pipeline(passes.as_operation_pass_manager(), &pipeline())
             .map_err(|e| format!("bad pass pipeline: {e}"))?;
         passes
             .run(&mut module)
@@ -245,7 +251,7 @@ impl Native {
     pub fn run(&self, kernel: &Kernel, inputs: &[Array]) -> Result<Vec<Array>, crate::Error> {
         kernel_ir::check_inputs(kernel, inputs)?;
         let (module, exe) = self.compile(kernel)?;
-        Ok(execute(kernel, &module, &exe, inputs))
+        execute(kernel, &module, &exe, inputs)
     }
 
     /// Runs `kernel` on caller-owned storage without copying it (only arrays that are
@@ -296,8 +302,7 @@ impl Native {
             )
         });
         // SAFETY: the caller vouches for the buffers; counts and dtypes are checked above.
-        unsafe { execute_raw(kernel, &module, &exe, inputs, outputs) };
-        Ok(())
+        unsafe { execute_raw(kernel, &module, &exe, inputs, outputs) }
     }
 
     /// The kernel's module and its JIT-compiled code (from the cache when it has them).
@@ -331,7 +336,12 @@ impl Native {
 }
 
 /// Allocates the outputs, runs the kernel on the arrays' storage, returns the outputs.
-fn execute(kernel: &Kernel, module: &CpuModule, exe: &Jitted, inputs: &[Array]) -> Vec<Array> {
+fn execute(
+    kernel: &Kernel,
+    module: &CpuModule,
+    exe: &Jitted,
+    inputs: &[Array],
+) -> Result<Vec<Array>, crate::Error> {
     let mut outputs: Vec<ArrayData> = kernel
         .output_types()
         .iter()
@@ -344,13 +354,13 @@ fn execute(kernel: &Kernel, module: &CpuModule, exe: &Jitted, inputs: &[Array]) 
         .collect();
     // SAFETY: check_inputs matched every input to its type; outputs were just allocated
     // with their types' sizes.
-    unsafe { execute_raw(kernel, module, exe, &input_ptrs, &output_ptrs) };
-    kernel
+    unsafe { execute_raw(kernel, module, exe, &input_ptrs, &output_ptrs) }?;
+    Ok(kernel
         .output_types()
         .into_iter()
         .zip(outputs)
         .map(|(t, d)| Array::new(t, d).expect("the output buffer has the array's size"))
-        .collect()
+        .collect())
 }
 
 fn data_ptr(d: &ArrayData) -> *const c_void {
@@ -364,7 +374,8 @@ fn data_ptr(d: &ArrayData) -> *const c_void {
 
 /// Runs the programs on all cores on caller storage (row-major, f32/i32/byte elements of
 /// the kernel's I/O types), through padded copies where an array is not a whole number
-/// of blocks.
+/// of blocks. A dynamic index that left its block is reported as an error (the access
+/// was redirected inside the block, so no memory outside the arrays was touched).
 ///
 /// # Safety
 /// Each pointer addresses a whole array of its ref's type; outputs overlap nothing.
@@ -374,7 +385,7 @@ unsafe fn execute_raw(
     exe: &Jitted,
     inputs: &[*const c_void],
     outputs: &[*mut c_void],
-) {
+) -> Result<(), crate::Error> {
     let io: Vec<_> = kernel
         .refs
         .iter()
@@ -414,11 +425,13 @@ unsafe fn execute_raw(
         copies.push(words);
     }
     let workers = rayon::current_num_threads().min(module.parallel_programs.max(1) as usize);
-    let descriptors: Vec<Vec<u64>> = ptrs
+    let mut fault = [0u32; 1];
+    let mut descriptors: Vec<Vec<u64>> = ptrs
         .iter()
         .zip(&module.padded_shapes)
         .map(|(&p, shape)| descriptor(p, shape))
         .collect();
+    descriptors.push(descriptor(fault.as_mut_ptr() as *mut c_void, &[1]));
     let args = Args(descriptors);
     let run = |worker: usize| {
         let mut words = [worker as u64, module.parallel_programs, workers as u64];
@@ -430,8 +443,9 @@ unsafe fn execute_raw(
         for d in &mut descriptors {
             ptrs.extend(d.iter_mut().map(|w| w as *mut u64 as *mut c_void));
         }
-        // SAFETY: the arguments match the function's signature (three indices, then one
-        // descriptor per memref of the padded shapes), and the buffers are that large.
+        // SAFETY: the arguments match the function's signature (three indices, one
+        // descriptor per memref of the padded shapes, the fault word), and the buffers
+        // are that large.
         unsafe { (exe.entry)(ptrs.as_mut_ptr()) };
     };
     rayon::scope(|s| {
@@ -444,5 +458,17 @@ unsafe fn execute_raw(
         let src = unsafe { std::slice::from_raw_parts(copies[i].as_ptr() as *const u8, big_len) };
         let dst = unsafe { std::slice::from_raw_parts_mut(user as *mut u8, small_len) };
         copy_rows(src, dst, &big, &small, false);
+    }
+    match fault[0] as usize {
+        0 => Ok(()),
+        site => Err(crate::Error::NativeFault(format!(
+            "@{}: a dynamic index of the {} left its block (`--backend interp` names the \
+             program and coordinates)",
+            kernel.name,
+            module
+                .fault_sites
+                .get(site - 1)
+                .map_or("kernel", String::as_str)
+        ))),
     }
 }

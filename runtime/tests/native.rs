@@ -215,3 +215,30 @@ fn reductions_fused_into_the_pass_that_stores_their_operand() {
         }
     }
 }
+
+#[test]
+fn dynamic_indices_outside_the_block_are_errors_not_wild_accesses() {
+    let ty = TensorType::new(DType::F32, [16]);
+    let k = pallas_call(|x: Ref, o: Ref| {
+        // Program 1 starts its slice at 12: elements 12..20 of a 16-element block.
+        let start = program_id(0) * 12;
+        o.store(s![ds(0, 8)], x.load(s![ds(start, 8)]));
+    })
+    .grid([2])
+    .input(ty.clone(), block_spec([16], |_| vec![0.into()]))
+    .output(
+        TensorType::new(DType::F32, [16]),
+        block_spec([8], |i| vec![i[0].clone()]),
+    )
+    .build()
+    .unwrap();
+    let x = Array::from_f32(DType::F32, [16], (0..16).map(|i| i as f32).collect()).unwrap();
+    assert!(interpret(&k, std::slice::from_ref(&x), &InterpretOptions::default()).is_err());
+    let e = runtime::run(&k, &[x], Backend::Native)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("a dynamic index of the load of `%in0` left its block"),
+        "{e}"
+    );
+}

@@ -6,7 +6,8 @@
 //!   and every program of the remaining axes in order, so callers split the parallel
 //!   programs across threads. Every input and output is a memref of its array padded up
 //!   to whole blocks (the caller pads); scratch is allocated per call, so it persists
-//!   across the sequential axes as on a TPU core.
+//!   across the sequential axes as on a TPU core. A last `%fault` argument reports a
+//!   dynamic index that left its block (such an access is redirected to the block start).
 //! * Tensors are buffers (`memref.alloc`, hoisted to the function entry), views (a load
 //!   of an input ref, a broadcast, a transpose or a unit-dim reshape reads its operand in
 //!   place) or fused expressions (a single-use element-wise result is computed where it
@@ -54,6 +55,10 @@ pub struct CpuModule {
     pub padded_shapes: Vec<Vec<u64>>,
     /// Number of programs of the leading parallel grid axes (the `lo..hi` range).
     pub parallel_programs: u64,
+    /// The last argument, `%fault: memref<1xi32>`, ends up holding `i + 1` when a
+    /// dynamic index of access `fault_sites[i]` fell outside its block (the access then
+    /// read or wrote the block's start instead); 0 when none did.
+    pub fault_sites: Vec<String>,
 }
 
 /// Why a kernel cannot be compiled to native code, if it cannot.
@@ -106,6 +111,7 @@ pub fn lower(kernel: &Kernel) -> CpuModule {
             .map(|(p, _)| p.clone())
             .collect(),
         parallel_programs: parallel_prefix(kernel).iter().product(),
+        fault_sites: std::mem::take(&mut e.fault_sites),
     }
 }
 
@@ -263,6 +269,8 @@ struct Emitter<'k> {
     /// Block start (index) per array dim of each ref, in the current program.
     starts: Vec<Vec<String>>,
     next_buffer: usize,
+    /// What each dynamic window check guards (fault code `i + 1`).
+    fault_sites: Vec<String>,
     /// Element-wise results computed where they are read (see [`fusible`]).
     fused: std::collections::HashSet<Value>,
 }
@@ -282,6 +290,7 @@ impl<'k> Emitter<'k> {
             pids: Vec::new(),
             starts: Vec::new(),
             next_buffer: 0,
+            fault_sites: Vec::new(),
             fused: fusible(k),
         }
     }
@@ -308,6 +317,8 @@ impl<'k> Emitter<'k> {
         let name = format!("%c{}", self.consts.len());
         let attr = if ty.starts_with("vector") {
             format!("dense<{value}> : {ty}")
+        } else if ty == "i1" {
+            value.to_string() // `true`/`false` carry their type
         } else {
             format!("{value} : {ty}")
         };
@@ -396,6 +407,7 @@ impl<'k> Emitter<'k> {
                 self.ref_mems.push(format!("%ref{i}"));
             }
         }
+        params.push("%fault: memref<1xi32>".into());
         self.grid();
         let body = self.w.take();
         let mut out = String::new();
@@ -608,8 +620,11 @@ impl<'k> Emitter<'k> {
     }
 
     /// The view of a load/store window of ref `r`.
-    fn window(&mut self, r: usize, index: &[Index]) -> View {
+    fn window(&mut self, r: usize, index: &[Index], access: &str) -> View {
         let decl = &self.k.refs[r];
+        let site = self.fault_sites.len() + 1;
+        self.fault_sites
+            .push(format!("{access} of `%{}`", decl.name));
         let mut offsets = Vec::new();
         let mut dims = Vec::new();
         let mut kernel_dim = 0;
@@ -621,19 +636,22 @@ impl<'k> Emitter<'k> {
                 dims.push(None);
                 continue;
             }
+            let extent = bd.extent();
             let (offset, keep) = match index[kernel_dim] {
                 Index::Full => (base, true),
                 Index::At(v) => {
                     let i = self.scalar(v);
                     let i = self.index_of(&i);
+                    let i = self.checked(&i, 1, extent, site);
                     (self.add_index(&base, &i), false)
                 }
-                Index::Slice { start, .. } => {
+                Index::Slice { start, size } => {
                     let s = match start {
                         Start::Static(s) => self.index(s),
                         Start::Dynamic(v) => {
                             let i = self.scalar(v);
-                            self.index_of(&i)
+                            let i = self.index_of(&i);
+                            self.checked(&i, size, extent, site)
                         }
                     };
                     (self.add_index(&base, &s), true)
@@ -657,6 +675,26 @@ impl<'k> Emitter<'k> {
         }
     }
 
+    /// A dynamic window start `i` (index) for `size` elements of a block dim of
+    /// `extent`: itself when the window fits, else 0, with fault site `site` recorded
+    /// in `%fault` (the caller reports it; reads stay inside the block).
+    fn checked(&mut self, i: &str, size: u64, extent: u64, site: usize) -> String {
+        let zero = self.index(0);
+        let limit = self.index(extent.saturating_sub(size));
+        let low = self.assign(&format!("arith.cmpi sge, {i}, {zero} : index"));
+        let high = self.assign(&format!("arith.cmpi sle, {i}, {limit} : index"));
+        let ok = self.assign(&format!("arith.andi {low}, {high} : i1"));
+        let yes = self.constant("true", "i1");
+        let bad = self.assign(&format!("arith.xori {ok}, {yes} : i1"));
+        let code = self.constant(&site.to_string(), "i32");
+        self.line(&format!("scf.if {bad} {{"));
+        self.line(&format!(
+            "  memref.store {code}, %fault[{zero}] : memref<1xi32>"
+        ));
+        self.line("}");
+        self.assign(&format!("arith.select {ok}, {i}, {zero} : index"))
+    }
+
     fn load(
         &mut self,
         r: usize,
@@ -665,7 +703,7 @@ impl<'k> Emitter<'k> {
         other: Option<Value>,
         ty: &TensorType,
     ) -> Val {
-        let view = self.window(r, index);
+        let view = self.window(r, index, "load");
         if ty.is_scalar() {
             let lane = Lane {
                 idx: vec![],
@@ -713,7 +751,7 @@ impl<'k> Emitter<'k> {
     }
 
     fn store(&mut self, r: usize, index: &[Index], value: Value, mask: Option<Value>) {
-        let view = self.window(r, index);
+        let view = self.window(r, index, "store");
         let ty = self.ty(value).clone();
         let src = self.val(value);
         let mask = mask.map(|m| self.val(m));
