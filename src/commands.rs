@@ -231,6 +231,44 @@ pub fn demo() -> Result<(), Failure> {
                 }
             }
         }
+        // PyTorch's op on the same inputs, for scale (not a Tessera backend).
+        let torch = (|| -> Result<Option<(kernels::Comparison, f64)>, BoxError> {
+            let case = benches::Case::new(k, &[])?;
+            let Some(torch) = case.torch_baseline() else {
+                return Ok(None);
+            };
+            let want = k.reference(&p, &case.inputs)?;
+            let got = Array::from_f32(
+                kernel_ir::DType::F32,
+                [want[0].len() as u64],
+                torch.run_f64()?.iter().map(|&v| v as f32).collect(),
+            )?;
+            let c = compare(&[got], &want[..1], k.tolerance(&p));
+            let ms = median_ms(3, || {
+                drop(torch.run());
+                Ok(())
+            })?;
+            Ok(Some((c, ms)))
+        })();
+        match torch {
+            Ok(Some((c, ms))) => println!(
+                "{:<20} {:<7} {:>12.3e} {:>12.3e} {:>10.2}  PyTorch's op, for comparison",
+                k.name(),
+                "torch",
+                c.max_abs_err,
+                c.max_rel_err,
+                ms
+            ),
+            Ok(None) => {}
+            Err(e) => println!(
+                "{:<20} {:<7} {:>12} {:>12} {:>10}  FAILED: {e}",
+                k.name(),
+                "torch",
+                "-",
+                "-",
+                "-"
+            ),
+        }
         // No TPU here: the mosaic row says whether every kernel passes the TPU rules and
         // lowers (the tests verify the output with jaxlib's tpu dialect).
         let limits = lowering::tpu_rules::TpuLimits::default();
