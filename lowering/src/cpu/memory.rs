@@ -38,13 +38,9 @@ impl<'k> Emitter<'k> {
             .iter()
             .map(|(op, _)| reduction(*op, ty.dtype))
             .collect();
-        let main = last / LANES * LANES;
-        // Per reduction: the vector and scalar partial results (None: segment empty).
-        let mut partial: Vec<(Option<String>, Option<String>)> = vec![(None, None); ops.len()];
-        for (lo, hi, width) in [(0, main, LANES), (main, last, 1)] {
-            if lo == hi {
-                continue;
-            }
+        // Per reduction: the partial result of each segment, with its width.
+        let mut partial: Vec<Vec<(String, u64)>> = vec![Vec::new(); ops.len()];
+        for (lo, hi, width) in segments(last) {
             let t = lanes_of(elem, width);
             let (lo, hi, step) = (self.index(lo), self.index(hi), self.index(width));
             let inits: Vec<String> = ops
@@ -81,28 +77,26 @@ impl<'k> Emitter<'k> {
             self.line(&format!("scf.yield {} : {types}", next.join(", ")));
             self.close();
             for (i, p) in partial.iter_mut().enumerate() {
-                let r = Some(format!("{res}#{i}"));
-                if width == 1 {
-                    p.1 = r;
-                } else {
-                    p.0 = r;
-                }
+                p.push((format!("{res}#{i}"), width));
             }
         }
-        for (((_, combine, kind), (vector, scalar)), (_, result)) in
-            ops.iter().zip(partial).zip(reductions)
-        {
-            let vt = lanes_of(elem, LANES);
-            let h = vector.map(|v| {
-                self.assign(&format!(
-                    "vector.reduction <{kind}>, {v} : {vt} into {elem}"
-                ))
-            });
-            let total = match (h, scalar) {
-                (Some(h), Some(s)) => self.assign(&format!("arith.{combine} {h}, {s} : {elem}")),
-                (Some(x), None) | (None, Some(x)) => x,
-                (None, None) => unreachable!("the last dim is not empty"),
-            };
+        for (((_, combine, kind), parts), (_, result)) in ops.iter().zip(partial).zip(reductions) {
+            let mut total: Option<String> = None;
+            for (value, width) in parts {
+                let x = if width == 1 {
+                    value
+                } else {
+                    let vt = lanes_of(elem, width);
+                    self.assign(&format!(
+                        "vector.reduction <{kind}>, {value} : {vt} into {elem}"
+                    ))
+                };
+                total = Some(match total {
+                    None => x,
+                    Some(t) => self.assign(&format!("arith.{combine} {t}, {x} : {elem}")),
+                });
+            }
+            let total = total.expect("the last dim is not empty");
             let rty = self.ty(*result).clone();
             let total = self.round(rty.dtype, &total, 1);
             if rty.is_scalar() {
@@ -139,11 +133,7 @@ impl<'k> Emitter<'k> {
             let (zero, one, hi) = (self.index(0), self.index(1), self.index(n));
             idx.push(self.open_for(&zero, &hi, &one));
         }
-        let main = last / LANES * LANES;
-        for (lo, hi, width) in [(0, main, LANES), (main, last, 1)] {
-            if lo == hi {
-                continue;
-            }
+        for (lo, hi, width) in segments(last) {
             let (lo, hi, step) = (self.index(lo), self.index(hi), self.index(width));
             let j = self.open_for(&lo, &hi, &step);
             let mut lane_idx = idx.clone();
@@ -466,6 +456,18 @@ impl<'k> Emitter<'k> {
             None => Val::Scalar(total),
         }
     }
+}
+
+/// How element-wise loops cover a last dim of `n`: `(start, end, lanes)` runs of
+/// [`WIDE`] lanes (two AVX2 registers, one AVX-512 register), then [`LANES`], then
+/// scalars; empty runs left out.
+fn segments(n: u64) -> Vec<(u64, u64, u64)> {
+    let wide = n / WIDE * WIDE;
+    let narrow = n / LANES * LANES;
+    [(0, wide, WIDE), (wide, narrow, LANES), (narrow, n, 1)]
+        .into_iter()
+        .filter(|(lo, hi, _)| lo < hi)
+        .collect()
 }
 
 /// A reduction's identity, its combining `arith` op and its `vector.reduction` kind.

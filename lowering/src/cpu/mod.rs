@@ -37,6 +37,9 @@ mod memory;
 
 /// Lanes per vector: 256-bit AVX2 registers of 32-bit elements.
 const LANES: u64 = 8;
+/// Lanes per step of element-wise loops over long rows (LLVM splits them into two AVX2
+/// registers, or uses one AVX-512 register where the host has it).
+const WIDE: u64 = 16;
 /// Rows of the dot micro-kernel's register tile.
 const TILE_ROWS: u64 = 6;
 /// Independent vector accumulators of a reduction along the last dim.
