@@ -12,8 +12,9 @@
 //!   of an input ref, a broadcast, a transpose or a unit-dim reshape reads its operand in
 //!   place) or fused expressions (a single-use element-wise result is computed where it
 //!   is read); constants and `iota` are never stored. Rank-0 tensors are SSA scalars.
-//! * Element-wise work runs in loops whose innermost dimension goes 8 lanes at a time
-//!   (AVX2 `vector<8xf32>`) with a scalar tail (`memory.rs`). `dot` runs a register-tiled
+//! * Element-wise work runs in loops whose innermost dimension goes 16 lanes at a time,
+//!   then 8 (AVX2 `vector<8xf32>`), then scalars (`memory.rs`); reductions along it keep
+//!   4 accumulators of 8. `dot` runs a register-tiled
 //!   6x16 FMA micro-kernel (`dot.rs`). `exp` is a polynomial in `arith` (`math.rs`: the
 //!   LLVM intrinsic would become a scalar `expf` per lane). `for`/`if` are in `control.rs`.
 //! * Floats compute in f32; bf16/f16 results are rounded after every op as the
