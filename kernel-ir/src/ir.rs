@@ -264,6 +264,26 @@ impl RefDecl {
         }
     }
 
+    /// Where the program's block starts in the array, per dim, as expressions over the
+    /// program ids (block index times block extent); `None` for scratch, which starts at 0.
+    pub fn block_start(&self) -> Option<Vec<IndexExpr>> {
+        let spec = self.block.as_ref()?;
+        Some(
+            spec.index_map
+                .exprs
+                .iter()
+                .zip(&spec.block_shape)
+                .map(|(e, b)| {
+                    IndexExpr::Bin(
+                        IndexBinOp::Mul,
+                        Box::new(e.clone()),
+                        Box::new(IndexExpr::Const(b.extent() as i64)),
+                    )
+                })
+                .collect(),
+        )
+    }
+
     /// The array's shape padded up to a whole number of blocks (the shape itself for
     /// scratch): what the backends allocate so that every block window is in bounds.
     pub fn padded_shape(&self) -> Vec<u64> {

@@ -331,18 +331,8 @@ impl<'k> Emitter<'k> {
         self.starts = k
             .refs
             .iter()
-            .map(|r| match &r.block {
-                Some(spec) => spec
-                    .index_map
-                    .exprs
-                    .iter()
-                    .zip(&spec.block_shape)
-                    .map(|(e, b)| {
-                        let block = self.index_expr(e);
-                        let extent = self.index_const(b.extent() as i64);
-                        self.binary_raw("multiply", &block, &extent, &ty_of(DType::I32, &[]))
-                    })
-                    .collect(),
+            .map(|r| match r.block_start() {
+                Some(exprs) => exprs.iter().map(|e| self.index_expr(e)).collect(),
                 None => Vec::new(),
             })
             .collect();

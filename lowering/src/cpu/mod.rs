@@ -497,18 +497,8 @@ impl<'k> Emitter<'k> {
         self.starts = k
             .refs
             .iter()
-            .map(|r| match &r.block {
-                Some(spec) => spec
-                    .index_map
-                    .exprs
-                    .iter()
-                    .zip(&spec.block_shape)
-                    .map(|(e, b)| {
-                        let block = self.index_expr(e);
-                        let extent = self.index(b.extent());
-                        self.assign(&format!("arith.muli {block}, {extent} : index"))
-                    })
-                    .collect(),
+            .map(|r| match r.block_start() {
+                Some(exprs) => exprs.iter().map(|e| self.index_expr(e)).collect(),
                 None => r.ty.shape.iter().map(|_| self.index(0)).collect(),
             })
             .collect();
