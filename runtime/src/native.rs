@@ -3,7 +3,7 @@
 //! melior), cached in memory, and run with the parallel programs split across cores.
 //!
 //! Executables stay in memory only: the ExecutionEngine has no way to load compiled code
-//! back from disk, and a JIT of a library kernel takes 40-300 ms.
+//! back from disk, and a JIT of a library kernel takes 40-500 ms.
 
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, Once, OnceLock};
