@@ -241,7 +241,7 @@ impl RefKind {
 }
 
 /// A declared input, output or scratch buffer.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct RefDecl {
     /// Name, unique in the kernel.
     pub name: String,
@@ -409,7 +409,7 @@ op_names!(CmpPred { Eq => "eq", Ne => "ne", Lt => "lt", Le => "le", Gt => "gt", 
 op_names!(ReduceOp { Sum => "reduce_sum", Max => "reduce_max", Min => "reduce_min" });
 
 /// A constant splatted over its result type.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug)]
 pub enum Literal {
     /// A float constant (also `inf`, `-inf`, `nan`).
     Float(f64),
@@ -417,6 +417,32 @@ pub enum Literal {
     Int(i64),
     /// A boolean constant.
     Bool(bool),
+}
+
+/// Literals are equal when they are the same constant: floats compare by their bits
+/// (so `NaN == NaN` and `0.0 != -0.0`, as their printed and lowered forms do).
+impl PartialEq for Literal {
+    fn eq(&self, other: &Self) -> bool {
+        match (*self, *other) {
+            (Literal::Float(a), Literal::Float(b)) => a.to_bits() == b.to_bits(),
+            (Literal::Int(a), Literal::Int(b)) => a == b,
+            (Literal::Bool(a), Literal::Bool(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Literal {}
+
+impl std::hash::Hash for Literal {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        std::mem::discriminant(self).hash(state);
+        match *self {
+            Literal::Float(f) => f.to_bits().hash(state),
+            Literal::Int(i) => i.hash(state),
+            Literal::Bool(b) => b.hash(state),
+        }
+    }
 }
 
 /// The start of a sliced dimension.
@@ -445,7 +471,7 @@ pub enum Index {
 }
 
 /// A list of ops with block arguments (loop induction variable and carried values).
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Region {
     /// Values defined on entry.
     pub args: Vec<Value>,
@@ -454,7 +480,7 @@ pub struct Region {
 }
 
 /// One operation and the values it defines.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Op {
     /// Results, in order.
     pub results: Vec<Value>,
@@ -463,7 +489,7 @@ pub struct Op {
 }
 
 /// The operations of the IR.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum OpKind {
     /// This program's index along a grid axis (i32 scalar).
     ProgramId {
@@ -708,8 +734,10 @@ impl OpKind {
     }
 }
 
-/// A kernel: the unit that is verified, printed, interpreted and lowered.
-#[derive(Clone, Debug, PartialEq)]
+/// A kernel: the unit that is verified, printed, interpreted and lowered. Equality and
+/// hashing are structural (float literals by their bits), so backends can memoize work
+/// per kernel.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Kernel {
     /// Symbol name.
     pub name: String,
@@ -771,5 +799,33 @@ pub(crate) fn dot_result_dtype(input: DType) -> DType {
         DType::F32
     } else {
         DType::I32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn float_literals_compare_and_hash_by_bits() {
+        assert_eq!(Literal::Float(f64::NAN), Literal::Float(f64::NAN));
+        assert_ne!(Literal::Float(0.0), Literal::Float(-0.0));
+        assert_ne!(Literal::Float(1.0), Literal::Int(1));
+        let set: HashSet<Literal> = [0.0, -0.0, f64::NAN, f64::NAN]
+            .into_iter()
+            .map(Literal::Float)
+            .collect();
+        assert_eq!(set.len(), 3);
+    }
+
+    #[test]
+    fn kernels_built_twice_are_one_key() {
+        let zoo = crate::testing::op_zoo;
+        let set: HashSet<Kernel> = [zoo(), zoo()].into_iter().collect();
+        assert_eq!(set.len(), 1);
+        let mut other = zoo();
+        other.grid[0] += 1;
+        assert_ne!(other, zoo());
     }
 }

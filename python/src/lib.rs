@@ -3,7 +3,9 @@
 //! Python objects. The lock is released while kernels run; every failure, panics
 //! included, becomes a Python exception.
 
+use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use kernel_ir::{Array, ArrayData, DType, TensorType};
 use kernels::{find, BoxError, Params};
@@ -97,6 +99,27 @@ fn types(buffers: &[Buffer], what: &str) -> PyResult<Vec<TensorType>> {
 
 /// Runs library kernel `kernel` with parameters `params` (`name=value` items) on
 /// `inputs` and writes its outputs into `outputs`; returns the backend that ran it.
+/// The kernels of op `k` for `p`: traced once per op and parameters, then remembered
+/// (at most [`TRACE_MEMO_LIMIT`] sets; the memo starts afresh when full).
+fn traced(k: &dyn kernels::LibraryKernel, p: &Params) -> Option<Arc<Vec<kernel_ir::Kernel>>> {
+    static MEMO: OnceLock<Mutex<HashMap<String, Arc<Vec<kernel_ir::Kernel>>>>> = OnceLock::new();
+    let memo = MEMO.get_or_init(Default::default);
+    let key = format!("{} {p}", k.name());
+    if let Some(hit) = memo.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Some(hit.clone());
+    }
+    let built = Arc::new(k.build(p).ok()?);
+    let mut memo = memo.lock().unwrap_or_else(|e| e.into_inner());
+    if memo.len() >= TRACE_MEMO_LIMIT {
+        memo.clear();
+    }
+    memo.insert(key, built.clone());
+    Some(built)
+}
+
+/// Traced kernel sets the extension remembers.
+const TRACE_MEMO_LIMIT: usize = 1024;
+
 /// The zero-copy path: a single-kernel op that runs natively on f32/i32/bool buffers
 /// reads the tensors' storage and writes the outputs' directly. `None` when it does not
 /// apply (then the caller copies through arrays).
@@ -111,16 +134,15 @@ fn run_in_place(
     in_types: &[TensorType],
     out_types: &[TensorType],
 ) -> Option<Result<String, String>> {
-    let mut built = k.build(p).ok()?;
-    if built.len() != 1 {
+    let built = traced(k, p)?;
+    let [kernel] = built.as_slice() else {
         return None;
-    }
-    let kernel = built.pop()?;
+    };
     let narrow = |t: &TensorType| matches!(t.dtype, DType::BF16 | DType::F16);
     if kernel.input_types() != in_types
         || kernel.output_types() != out_types
         || in_types.iter().chain(out_types).any(narrow)
-        || runtime::resolve(requested, &kernel).ok()?.backend != Backend::Native
+        || runtime::resolve(requested, kernel).ok()?.backend != Backend::Native
     {
         return None;
     }
@@ -132,7 +154,7 @@ fn run_in_place(
             let outs: Vec<*mut std::ffi::c_void> = outs.iter().map(|&a| a as *mut _).collect();
             // SAFETY: the Python side passes the data pointers of contiguous CPU tensors
             // of exactly these types (checked above), and fresh output tensors.
-            unsafe { runtime::native::backend().run_in_place(&kernel, &ins, &outs) }
+            unsafe { runtime::native::backend().run_in_place(kernel, &ins, &outs) }
         }))
     });
     Some(match result {

@@ -5,6 +5,7 @@
 //! Executables stay in memory only: the ExecutionEngine has no way to load compiled code
 //! back from disk, and a JIT of a library kernel takes 40-500 ms.
 
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, Once, OnceLock};
 use std::time::Instant;
@@ -157,13 +158,23 @@ impl Compiler for JitCompiler {
 /// The process-wide native backend.
 pub struct Native {
     cache: Cache<JitCompiler>,
+    /// Lowered and compiled kernels by structure, so a repeated call skips lowering
+    /// and hashing the module text (bounded: cleared when it reaches [`MEMO_LIMIT`]).
+    compiled: Mutex<HashMap<Kernel, Compiled>>,
 }
+
+/// A lowered kernel and its code.
+type Compiled = Arc<(CpuModule, Arc<Jitted>)>;
+
+/// Kernels remembered by [`Native`] before it starts afresh.
+const MEMO_LIMIT: usize = 1024;
 
 /// The backend.
 pub fn backend() -> &'static Native {
     static NATIVE: OnceLock<Native> = OnceLock::new();
     NATIVE.get_or_init(|| Native {
         cache: Cache::new(JitCompiler, None),
+        compiled: Mutex::new(HashMap::new()),
     })
 }
 
@@ -250,8 +261,8 @@ impl Native {
     /// Lowers, compiles (or finds in the cache) and runs `kernel` on `inputs`.
     pub fn run(&self, kernel: &Kernel, inputs: &[Array]) -> Result<Vec<Array>, crate::Error> {
         kernel_ir::check_inputs(kernel, inputs)?;
-        let (module, exe) = self.compile(kernel)?;
-        execute(kernel, &module, &exe, inputs)
+        let compiled = self.compile(kernel)?;
+        execute(kernel, &compiled.0, &compiled.1, inputs)
     }
 
     /// Runs `kernel` on caller-owned storage without copying it (only arrays that are
@@ -294,7 +305,7 @@ impl Native {
                 outputs.len()
             )));
         }
-        let (module, exe) = self.compile(kernel)?;
+        let compiled = self.compile(kernel)?;
         debug(|| {
             format!(
                 "native @{}: running in place on the caller's buffers",
@@ -302,11 +313,15 @@ impl Native {
             )
         });
         // SAFETY: the caller vouches for the buffers; counts and dtypes are checked above.
-        unsafe { execute_raw(kernel, &module, &exe, inputs, outputs) }
+        unsafe { execute_raw(kernel, &compiled.0, &compiled.1, inputs, outputs) }
     }
 
     /// The kernel's module and its JIT-compiled code (from the cache when it has them).
-    fn compile(&self, kernel: &Kernel) -> Result<(CpuModule, Arc<Jitted>), crate::Error> {
+    fn compile(&self, kernel: &Kernel) -> Result<Compiled, crate::Error> {
+        let memo = || self.compiled.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(hit) = memo().get(kernel) {
+            return Ok(hit.clone());
+        }
         if let Some(reason) = lowering::cpu::unsupported(kernel) {
             return Err(crate::Error::Unavailable {
                 backend: crate::Backend::Native,
@@ -331,7 +346,13 @@ impl Native {
                 t.elapsed().as_secs_f64() * 1e3
             )
         });
-        Ok((module, exe))
+        let compiled = Arc::new((module, exe));
+        let mut memo = memo();
+        if memo.len() >= MEMO_LIMIT {
+            memo.clear();
+        }
+        memo.insert(kernel.clone(), compiled.clone());
+        Ok(compiled)
     }
 }
 
