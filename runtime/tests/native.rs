@@ -243,3 +243,49 @@ fn dynamic_indices_outside_the_block_are_errors_not_wild_accesses() {
         "{e}"
     );
 }
+
+#[test]
+fn dots_of_every_layout_and_integer_dots_match_the_interpreter() {
+    // 13 x 11 x 19: every micro-kernel edge (rows % 6, cols % 16, cols % 8);
+    // 16 x 24 x 32: transposed operands go through 8x8 register transposes.
+    for (dtype, (m, kk, n)) in [
+        (DType::F32, (13, 11, 19)),
+        (DType::I32, (13, 11, 19)),
+        (DType::F32, (16, 24, 32)),
+    ] {
+        for (tl, tr) in [(false, false), (true, false), (false, true), (true, true)] {
+            let a_shape = if tl { [kk, m] } else { [m, kk] };
+            let b_shape = if tr { [n, kk] } else { [kk, n] };
+            let (at, bt) = (
+                TensorType::new(dtype, a_shape),
+                TensorType::new(dtype, b_shape),
+            );
+            let out_dtype = if dtype == DType::F32 {
+                DType::F32
+            } else {
+                DType::I32
+            };
+            let k = pallas_call(move |a: Ref, b: Ref, o: Ref| {
+                o.write(dot_general(a.read(), b.read(), tl, tr))
+            })
+            .grid([1])
+            .input(at, whole(a_shape))
+            .input(bt, whole(b_shape))
+            .output(TensorType::new(out_dtype, [m, n]), whole([m, n]))
+            .build()
+            .unwrap();
+            let fill = |shape: [u64; 2], salt: i32| -> Array {
+                let n = (shape[0] * shape[1]) as i32;
+                let v: Vec<i32> = (0..n).map(|i| (i * 7 + salt) % 11 - 5).collect();
+                match dtype {
+                    DType::I32 => Array::from_i32(shape, v).unwrap(),
+                    _ => f32_array(shape, v.iter().map(|&x| x as f32 * 0.5).collect()),
+                }
+            };
+            let inputs = [fill(a_shape, 1), fill(b_shape, 3)];
+            let want = interpret(&k, &inputs, &InterpretOptions::default()).unwrap();
+            let (got, _) = runtime::run(&k, &inputs, Backend::Native).unwrap();
+            assert_eq!(got, want, "{dtype} transpose_lhs={tl} transpose_rhs={tr}");
+        }
+    }
+}
