@@ -130,6 +130,14 @@ pub fn backend_from_env() -> Result<Option<Backend>, Error> {
     }
 }
 
+/// Prints a line on stderr when `TESSERA_LOG=debug` (how executables were obtained,
+/// which path a call took); `message` is only built then.
+pub(crate) fn debug(message: impl FnOnce() -> String) {
+    if std::env::var("TESSERA_LOG").is_ok_and(|v| v == "debug") {
+        eprintln!("debug: {}", message());
+    }
+}
+
 /// Interpreter options from the environment: `TESSERA_INTERP_POISON=1` fills scratch
 /// and outputs with NaN before running, so reads of unwritten data show in the results.
 fn interpreter_options() -> InterpretOptions {

@@ -25,6 +25,7 @@ use mlir_sys::{
 };
 
 use crate::cache::{Cache, Compiler, Source};
+use crate::debug;
 
 /// Upstream MLIR (func/scf/vector/arith/math/memref) down to the LLVM dialect.
 const PIPELINE: &str = "builtin.module(arith-expand,convert-scf-to-cf,\
@@ -186,15 +187,6 @@ fn element_bytes(d: DType) -> usize {
     }
 }
 
-/// Zeros of `dtype`, `n` elements.
-fn zeros(dtype: DType, n: usize) -> ArrayData {
-    match dtype {
-        DType::I32 => ArrayData::Int(vec![0; n]),
-        DType::Bool => ArrayData::Bool(vec![false; n]),
-        _ => ArrayData::Float(vec![0.0; n]),
-    }
-}
-
 /// Copies the rows (last-dim runs) of a `from`-shaped row-major array into the top-left
 /// corner of a `to`-shaped one (`pad`), or back (`!pad`).
 fn copy_rows<T: Copy>(src: &[T], dst: &mut [T], from: &[u64], to: &[u64], pad: bool) {
@@ -245,12 +237,6 @@ struct Args(Vec<Vec<u64>>);
 // SAFETY: the words hold pointers into buffers that outlive the scoped threads; workers
 // write disjoint blocks of the outputs (parallel programs never share an output block).
 unsafe impl Sync for Args {}
-
-fn debug(message: impl FnOnce() -> String) {
-    if std::env::var("TESSERA_LOG").is_ok_and(|v| v == "debug") {
-        eprintln!("debug: {}", message());
-    }
-}
 
 impl Native {
     /// The compilation cache (memory only).
@@ -363,25 +349,20 @@ fn execute(
     exe: &Jitted,
     inputs: &[Array],
 ) -> Result<Vec<Array>, crate::Error> {
-    let mut outputs: Vec<ArrayData> = kernel
+    let mut outputs: Vec<Array> = kernel
         .output_types()
-        .iter()
-        .map(|t| zeros(t.dtype, t.num_elements() as usize))
+        .into_iter()
+        .map(Array::zeros)
         .collect();
     let input_ptrs: Vec<*const c_void> = inputs.iter().map(|a| data_ptr(a.data())).collect();
     let output_ptrs: Vec<*mut c_void> = outputs
         .iter_mut()
-        .map(|d| data_ptr(d) as *mut c_void)
+        .map(|a| data_ptr(a.data_mut()) as *mut c_void)
         .collect();
     // SAFETY: check_inputs matched every input to its type; outputs were just allocated
     // with their types' sizes.
     unsafe { execute_raw(kernel, module, exe, &input_ptrs, &output_ptrs) }?;
-    Ok(kernel
-        .output_types()
-        .into_iter()
-        .zip(outputs)
-        .map(|(t, d)| Array::new(t, d).expect("the output buffer has the array's size"))
-        .collect())
+    Ok(outputs)
 }
 
 fn data_ptr(d: &ArrayData) -> *const c_void {

@@ -10,6 +10,7 @@ use kernel_ir::{Array, Kernel, TensorType};
 use sha2::{Digest, Sha256};
 
 use crate::cache::{self, Cache, Compiler, Source};
+use crate::debug;
 use crate::pjrt::{Client, Executable, Plugin};
 
 /// PJRT as a [`Compiler`] for the cache.
@@ -105,12 +106,6 @@ pub fn backend() -> Result<&'static Xla, &'static str> {
     })
     .as_ref()
     .map_err(String::as_str)
-}
-
-fn debug(message: impl FnOnce() -> String) {
-    if std::env::var("TESSERA_LOG").is_ok_and(|v| v == "debug") {
-        eprintln!("debug: {}", message());
-    }
 }
 
 impl Xla {

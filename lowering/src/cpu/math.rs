@@ -16,26 +16,22 @@ impl<'k> Emitter<'k> {
             .iter()
             .map(|&v| (self.val(v), self.ty(v).dtype))
             .collect();
-        if !ty.is_scalar() && self.fused.contains(&result) {
-            return Val::Expr(std::rc::Rc::new(Expr {
-                kind: kind.clone(),
-                operands,
-                dtype: ty.dtype,
-            }));
-        }
-        let compute = |e: &mut Self, lane: &Lane| {
-            let args: Vec<String> = operands.iter().map(|(v, d)| e.read(v, *d, lane)).collect();
-            let x = e.scalar_op(kind, &args, &operands, ty.dtype, lane.width);
-            e.round(ty.dtype, &x, lane.width)
-        };
+        let expr = Val::Expr(std::rc::Rc::new(Expr {
+            kind: kind.clone(),
+            operands,
+            dtype: ty.dtype,
+        }));
         if ty.is_scalar() {
             let lane = Lane {
                 idx: vec![],
                 width: 1,
             };
-            return Val::Scalar(compute(self, &lane));
+            return Val::Scalar(self.read(&expr, ty.dtype, &lane));
         }
-        let mut compute = compute;
+        if self.fused.contains(&result) {
+            return expr;
+        }
+        let mut compute = |e: &mut Self, lane: &Lane| e.read(&expr, ty.dtype, lane);
         // Reductions of this result along its last dim later in the region are computed
         // while it is stored (softmax's sum of exps, attention's row sums).
         let rank = ty.rank();

@@ -81,22 +81,7 @@ impl<'k> Emitter<'k> {
             }
         }
         for (((_, combine, kind), parts), (_, result)) in ops.iter().zip(partial).zip(reductions) {
-            let mut total: Option<String> = None;
-            for (value, width) in parts {
-                let x = if width == 1 {
-                    value
-                } else {
-                    let vt = lanes_of(elem, width);
-                    self.assign(&format!(
-                        "vector.reduction <{kind}>, {value} : {vt} into {elem}"
-                    ))
-                };
-                total = Some(match total {
-                    None => x,
-                    Some(t) => self.assign(&format!("arith.{combine} {t}, {x} : {elem}")),
-                });
-            }
-            let total = total.expect("the last dim is not empty");
+            let total = self.reduce_partials(&parts, combine, kind, elem);
             let rty = self.ty(*result).clone();
             let total = self.round(rty.dtype, &total, 1);
             if rty.is_scalar() {
@@ -115,6 +100,33 @@ impl<'k> Emitter<'k> {
             self.close();
         }
         Val::View(buf)
+    }
+
+    /// Combines partial results `(value, lanes)` of one reduction into a scalar: vectors
+    /// are reduced horizontally, then all are combined in order.
+    fn reduce_partials(
+        &mut self,
+        parts: &[(String, u64)],
+        combine: &str,
+        kind: &str,
+        elem: &str,
+    ) -> String {
+        let mut total: Option<String> = None;
+        for (value, width) in parts {
+            let x = if *width == 1 {
+                value.clone()
+            } else {
+                let vt = lanes_of(elem, *width);
+                self.assign(&format!(
+                    "vector.reduction <{kind}>, {value} : {vt} into {elem}"
+                ))
+            };
+            total = Some(match total {
+                None => x,
+                Some(t) => self.assign(&format!("arith.{combine} {t}, {x} : {elem}")),
+            });
+        }
+        total.expect("at least one partial result")
     }
 
     /// Loops over every index of `shape`, the last dim 8 lanes at a time, then a scalar tail.
@@ -436,10 +448,7 @@ impl<'k> Emitter<'k> {
             vacc = format!("{res}#0");
             sacc = format!("{res}#1");
         }
-        let h = self.assign(&format!(
-            "vector.reduction <{kind}>, {vacc} : {vt} into {elem}"
-        ));
-        let total = self.assign(&format!("arith.{combine} {h}, {sacc} : {elem}"));
+        let total = self.reduce_partials(&[(vacc, LANES), (sacc, 1)], combine, kind, elem);
         let total = self.round(ty.dtype, &total, 1);
         match out {
             Some(out) => {
