@@ -18,9 +18,10 @@ PJRT_STAMP := $(VENV)/.pjrt-$(PJRT_PLUGIN)
 # libtpu compiles it for device-free v5e/v6e targets.
 JAX := jax==0.10.2 jaxlib==0.10.2 libtpu==0.0.42.1
 JAX_STAMP := $(VENV)/.jax-0.10.2-libtpu-0.0.42.1
-# PyTorch (a CUDA build that runs on CPU), maturin for the extension, pytest.
-TORCH := torch==2.13.0 maturin==1.16.0 pytest
-TORCH_STAMP := $(VENV)/.torch-2.13.0
+# PyTorch (a CUDA build that runs on CPU), maturin for the extension, pytest, and
+# torch-mlir (graph mode imports FX graphs to StableHLO with it).
+TORCH := torch==2.13.0 maturin==1.16.0 pytest torch-mlir==20261001
+TORCH_STAMP := $(VENV)/.torch-2.13.0-torch-mlir-20261001
 
 .PHONY: demo test setup apt python build lint fmt-check clippy clean
 

@@ -13,13 +13,15 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use runtime::Backend;
 
+mod graph;
+
 /// A contiguous host buffer: address, shape, dtype name.
 type Buffer = (usize, Vec<u64>, String);
 
-fn dtype(name: &str, what: &str) -> PyResult<DType> {
+fn dtype(name: &str, what: &str) -> Result<DType, String> {
     DType::from_name(name)
         .filter(|d| *d != DType::Bool)
-        .ok_or_else(|| PyValueError::new_err(format!("{what}: unsupported dtype `{name}`")))
+        .ok_or_else(|| format!("{what}: unsupported dtype `{name}`"))
 }
 
 /// Copies a buffer into an array.
@@ -84,7 +86,7 @@ unsafe fn write(addr: usize, a: &Array) {
     }
 }
 
-fn types(buffers: &[Buffer], what: &str) -> PyResult<Vec<TensorType>> {
+fn types(buffers: &[Buffer], what: &str) -> Result<Vec<TensorType>, String> {
     buffers
         .iter()
         .enumerate()
@@ -123,9 +125,7 @@ const TRACE_MEMO_LIMIT: usize = 1024;
 /// The zero-copy path: a single-kernel op that runs natively on f32/i32/bool buffers
 /// reads the tensors' storage and writes the outputs' directly. `None` when it does not
 /// apply (then the caller copies through arrays).
-#[allow(clippy::too_many_arguments)]
 fn run_in_place(
-    py: Python<'_>,
     k: &dyn kernels::LibraryKernel,
     p: &Params,
     requested: Backend,
@@ -148,15 +148,13 @@ fn run_in_place(
     }
     let ins: Vec<usize> = inputs.iter().map(|b| b.0).collect();
     let outs: Vec<usize> = outputs.iter().map(|b| b.0).collect();
-    let result = py.detach(|| {
-        catch_unwind(AssertUnwindSafe(|| {
-            let ins: Vec<*const std::ffi::c_void> = ins.iter().map(|&a| a as *const _).collect();
-            let outs: Vec<*mut std::ffi::c_void> = outs.iter().map(|&a| a as *mut _).collect();
-            // SAFETY: the Python side passes the data pointers of contiguous CPU tensors
-            // of exactly these types (checked above), and fresh output tensors.
-            unsafe { runtime::native::backend().run_in_place(kernel, &ins, &outs) }
-        }))
-    });
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        let ins: Vec<*const std::ffi::c_void> = ins.iter().map(|&a| a as *const _).collect();
+        let outs: Vec<*mut std::ffi::c_void> = outs.iter().map(|&a| a as *mut _).collect();
+        // SAFETY: the callers pass the data pointers of contiguous buffers of exactly
+        // these types (checked above), and fresh output buffers.
+        unsafe { runtime::native::backend().run_in_place(kernel, &ins, &outs) }
+    }));
     Some(match result {
         Ok(Ok(())) => Ok(Backend::Native.name().to_string()),
         Ok(Err(e)) => Err(e.to_string()),
@@ -164,6 +162,99 @@ fn run_in_place(
     })
 }
 
+/// Why an op call failed: bad arguments (`ValueError`) or a failed run (`RuntimeError`).
+enum OpError {
+    Bad(String),
+    Failed(String),
+}
+
+impl From<OpError> for PyErr {
+    fn from(e: OpError) -> PyErr {
+        match e {
+            OpError::Bad(m) => PyValueError::new_err(m),
+            OpError::Failed(m) => PyRuntimeError::new_err(m),
+        }
+    }
+}
+
+impl OpError {
+    fn message(self) -> String {
+        match self {
+            OpError::Bad(m) | OpError::Failed(m) => m,
+        }
+    }
+}
+
+/// Runs library op `kernel` with parameters `params` (`name=value` items) on `inputs`
+/// and writes its outputs into `outputs`; returns the backend that ran it. Used by the
+/// torch ops and by XLA programs' custom calls.
+fn run_op(
+    kernel: &str,
+    params: &[String],
+    inputs: &[Buffer],
+    outputs: &[Buffer],
+    backend: &str,
+) -> Result<String, OpError> {
+    let k = find(kernel).ok_or_else(|| OpError::Bad(format!("unknown kernel `{kernel}`")))?;
+    let p = Params::parse(k.params(), params).map_err(|e| OpError::Bad(e.to_string()))?;
+    let requested: Backend = backend
+        .parse()
+        .map_err(|e: runtime::Error| OpError::Bad(e.to_string()))?;
+    let in_types = types(inputs, "input").map_err(OpError::Bad)?;
+    let out_types = types(outputs, "output").map_err(OpError::Bad)?;
+    if let Some(used) = run_in_place(k, &p, requested, inputs, outputs, &in_types, &out_types) {
+        return used.map_err(|e| OpError::Failed(format!("{kernel} {p}: {e}")));
+    }
+    let result = catch_unwind(AssertUnwindSafe(
+        || -> Result<(Vec<Array>, Backend), BoxError> {
+            // SAFETY: the caller passes live, contiguous buffers of these types.
+            let arrays: Vec<Array> = inputs
+                .iter()
+                .zip(&in_types)
+                .map(|(b, t)| unsafe { read(b.0, t) })
+                .collect();
+            let mut used = Backend::Interp;
+            let got = k.run(&p, &arrays, &mut |kern, ins| {
+                let (out, resolution) = runtime::run(kern, ins, requested)?;
+                used = resolution.backend;
+                Ok(out)
+            })?;
+            Ok((got, used))
+        },
+    ));
+    let (got, used) = match result {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => return Err(OpError::Failed(format!("{kernel} {p}: {e}"))),
+        Err(_) => {
+            return Err(OpError::Failed(format!(
+                "{kernel} {p}: internal error (panic)"
+            )))
+        }
+    };
+    if got.len() != outputs.len() {
+        return Err(OpError::Bad(format!(
+            "{kernel} returns {} outputs, {} buffers were given",
+            got.len(),
+            outputs.len()
+        )));
+    }
+    for (i, (a, t)) in got.iter().zip(&out_types).enumerate() {
+        if a.ty() != t {
+            return Err(OpError::Bad(format!(
+                "{kernel} output {i} is {}, the buffer is {t}",
+                a.ty()
+            )));
+        }
+    }
+    for (a, b) in got.iter().zip(outputs) {
+        // SAFETY: checked above that each buffer has the output's type.
+        unsafe { write(b.0, a) };
+    }
+    Ok(used.name().to_string())
+}
+
+/// Runs library kernel `kernel` with parameters `params` (`name=value` items) on
+/// `inputs` and writes its outputs into `outputs`; returns the backend that ran it.
 #[pyfunction]
 #[pyo3(signature = (kernel, params, inputs, outputs, backend = "auto"))]
 fn run(
@@ -174,67 +265,7 @@ fn run(
     outputs: Vec<Buffer>,
     backend: &str,
 ) -> PyResult<String> {
-    let k =
-        find(kernel).ok_or_else(|| PyValueError::new_err(format!("unknown kernel `{kernel}`")))?;
-    let p = Params::parse(k.params(), &params).map_err(|e| PyValueError::new_err(e.to_string()))?;
-    let requested: Backend = backend
-        .parse()
-        .map_err(|e: runtime::Error| PyValueError::new_err(e.to_string()))?;
-    let in_types = types(&inputs, "input")?;
-    let out_types = types(&outputs, "output")?;
-    if let Some(used) = run_in_place(
-        py, k, &p, requested, &inputs, &outputs, &in_types, &out_types,
-    ) {
-        return used.map_err(|e| PyRuntimeError::new_err(format!("{kernel} {p}: {e}")));
-    }
-    let result = py.detach(|| {
-        catch_unwind(AssertUnwindSafe(
-            || -> Result<(Vec<Array>, Backend), BoxError> {
-                // SAFETY: the Python caller passes live, contiguous tensors of these types.
-                let arrays: Vec<Array> = inputs
-                    .iter()
-                    .zip(&in_types)
-                    .map(|(b, t)| unsafe { read(b.0, t) })
-                    .collect();
-                let mut used = Backend::Interp;
-                let got = k.run(&p, &arrays, &mut |kern, ins| {
-                    let (out, resolution) = runtime::run(kern, ins, requested)?;
-                    used = resolution.backend;
-                    Ok(out)
-                })?;
-                Ok((got, used))
-            },
-        ))
-    });
-    let (got, used) = match result {
-        Ok(Ok(v)) => v,
-        Ok(Err(e)) => return Err(PyRuntimeError::new_err(format!("{kernel} {p}: {e}"))),
-        Err(_) => {
-            return Err(PyRuntimeError::new_err(format!(
-                "{kernel} {p}: internal error (panic)"
-            )))
-        }
-    };
-    if got.len() != outputs.len() {
-        return Err(PyValueError::new_err(format!(
-            "{kernel} returns {} outputs, {} buffers were given",
-            got.len(),
-            outputs.len()
-        )));
-    }
-    for (i, (a, t)) in got.iter().zip(&out_types).enumerate() {
-        if a.ty() != t {
-            return Err(PyValueError::new_err(format!(
-                "{kernel} output {i} is {}, the buffer is {t}",
-                a.ty()
-            )));
-        }
-    }
-    for (a, b) in got.iter().zip(&outputs) {
-        // SAFETY: checked above that each buffer has the output's type.
-        unsafe { write(b.0, a) };
-    }
-    Ok(used.name().to_string())
+    Ok(py.detach(|| run_op(kernel, &params, &inputs, &outputs, backend))?)
 }
 
 /// The backend a kernel would run on, and why better ones were skipped.
@@ -262,5 +293,6 @@ fn explain(kernel: &str, params: Vec<String>, backend: &str) -> PyResult<(String
 fn _tessera(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run, m)?)?;
     m.add_function(wrap_pyfunction!(explain, m)?)?;
+    graph::register(m)?;
     Ok(())
 }

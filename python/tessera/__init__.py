@@ -20,7 +20,8 @@ import torch
 
 from . import _tessera
 
-__all__ = ["backend", "disable_sdpa_override", "enable_sdpa_override", "explain"]
+__all__ = ["backend", "disable_sdpa_override", "enable_sdpa_override", "explain",
+           "explain_graph", "graph_stats", "reset_graph_stats"]
 
 _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 _state = threading.local()
@@ -99,7 +100,7 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
 
 @softmax.register_fake
 def _(x):
-    return torch.empty_like(x)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 @torch.library.custom_op("tessera::rms_norm", mutates_args=())
@@ -119,7 +120,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.
 
 @rms_norm.register_fake
 def _(x, weight, eps=1e-5):
-    return torch.empty_like(x)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 @torch.library.custom_op("tessera::layer_norm", mutates_args=())
@@ -140,7 +141,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
 
 @layer_norm.register_fake
 def _(x, weight, bias, eps=1e-5):
-    return torch.empty_like(x)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 @torch.library.custom_op("tessera::swiglu", mutates_args=())
@@ -160,7 +161,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 @swiglu.register_fake
 def _(gate, up):
-    return torch.empty_like(gate)
+    return torch.empty_like(gate, memory_format=torch.contiguous_format)
 
 
 @torch.library.custom_op("tessera::matmul", mutates_args=())
@@ -201,7 +202,7 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 @rope.register_fake
 def _(x, cos, sin):
-    return torch.empty_like(x)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 # ---- autograd of the non-attention ops ---------------------------------------------
@@ -292,7 +293,7 @@ def flash_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_ca
 
 @flash_attention_fwd.register_fake
 def _(q, k, v, is_causal, scale):
-    return torch.empty_like(q), q.new_empty((*q.shape[:3], 1), dtype=torch.float32)
+    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((*q.shape[:3], 1), dtype=torch.float32)
 
 
 @torch.library.custom_op("tessera::flash_attention_bwd", mutates_args=())
@@ -309,7 +310,8 @@ def flash_attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_
 
 @flash_attention_bwd.register_fake
 def _(q, k, v, grad_out, is_causal, scale):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return (torch.empty_like(q, memory_format=torch.contiguous_format), torch.empty_like(k, memory_format=torch.contiguous_format),
+            torch.empty_like(v, memory_format=torch.contiguous_format))
 
 
 def _fwd_setup(ctx, inputs, output):
@@ -337,7 +339,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal
 
 @flash_attention.register_fake
 def _(q, k, v, is_causal=False, scale=None):
-    return torch.empty_like(q)
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
 def _attn_setup(ctx, inputs, output):
@@ -405,3 +407,20 @@ def disable_sdpa_override():
     if _original_sdpa is not None:
         torch.nn.functional.scaled_dot_product_attention = _original_sdpa
         _original_sdpa = None
+
+
+# ---- graph mode: torch.compile(model, backend="tessera") ----------------------------
+
+from .graph import explain_graph, graph_stats, reset_graph_stats, tessera_backend  # noqa: E402
+
+
+def _register_backend():
+    """Registers the Dynamo backend ``tessera`` (unless Dynamo found the package's
+    ``torch_dynamo_backends`` entry point, through which it registers it itself)."""
+    from torch._dynamo.backends import registry
+
+    if "tessera" not in registry._COMPILER_FNS and registry._BACKENDS.get("tessera") is None:
+        registry.register_backend(tessera_backend, name="tessera")
+
+
+_register_backend()

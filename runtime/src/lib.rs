@@ -10,6 +10,8 @@ use std::fmt;
 use std::str::FromStr;
 
 pub mod cache;
+#[cfg(all(tessera_pjrt, tessera_xla_ffi))]
+pub mod custom_call;
 pub mod native;
 pub mod peak;
 #[cfg(tessera_pjrt)]

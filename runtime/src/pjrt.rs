@@ -189,6 +189,159 @@ impl Plugin {
     }
 }
 
+/// `PJRT_FFI_Register_Handler_Args` of `pjrt_c_api_ffi_extension.h` (not in the header
+/// the plugin ships; this is its layout in these plugins: no `api_version` field).
+#[repr(C)]
+struct FfiRegisterHandlerArgs {
+    struct_size: usize,
+    target_name: *const std::ffi::c_char,
+    target_name_size: usize,
+    handler: *mut c_void,
+    platform_name: *const std::ffi::c_char,
+    platform_name_size: usize,
+    traits: u32,
+}
+
+/// `PJRT_FFI_Extension`: the extension base, then three entry points.
+#[repr(C)]
+struct FfiExtension {
+    base: ffi::PJRT_Extension_Base,
+    type_id_register: *const c_void,
+    user_data_add: *const c_void,
+    register_handler:
+        Option<unsafe extern "C" fn(*mut FfiRegisterHandlerArgs) -> *mut ffi::PJRT_Error>,
+}
+
+impl Plugin {
+    /// Registers a typed XLA FFI handler for custom calls to `target` on the host.
+    pub fn register_ffi_handler(&self, target: &str, handler: *mut c_void) -> Result<()> {
+        let mut ext = self.api.extension_start;
+        // SAFETY: the extension chain is a static linked list owned by the plugin.
+        while let Some(e) = unsafe { ext.as_ref() } {
+            if e.type_ == ffi::PJRT_Extension_Type_PJRT_Extension_Type_FFI {
+                break;
+            }
+            ext = e.next;
+        }
+        if ext.is_null() {
+            return Err(PjrtError("the PJRT plugin has no FFI extension".into()));
+        }
+        // SAFETY: an extension of type FFI is a `PJRT_FFI_Extension`.
+        let ffi_ext = unsafe { &*(ext as *const FfiExtension) };
+        let platform = "Host";
+        let mut a = FfiRegisterHandlerArgs {
+            struct_size: std::mem::size_of::<FfiRegisterHandlerArgs>(),
+            target_name: target.as_ptr() as *const _,
+            target_name_size: target.len(),
+            handler,
+            platform_name: platform.as_ptr() as *const _,
+            platform_name_size: platform.len(),
+            traits: 0,
+        };
+        match ffi_ext.register_handler {
+            // SAFETY: valid args; the names are copied by the plugin.
+            Some(f) => self.check(unsafe { f(&mut a) }),
+            None => Err(PjrtError(
+                "the PJRT plugin's FFI extension cannot register handlers".into(),
+            )),
+        }
+    }
+}
+
+/// A host buffer handed to [`Client::execute_host`]: address, element type, dims.
+#[derive(Clone, Debug)]
+pub struct HostBuffer {
+    /// The first element (dense, row-major).
+    pub data: *mut c_void,
+    /// The element type.
+    pub element: Element,
+    /// The dimensions.
+    pub dims: Vec<i64>,
+}
+
+// SAFETY: a description of memory; whoever dereferences it (`execute_host`, unsafe)
+// answers for its validity, on any thread.
+unsafe impl Send for HostBuffer {}
+
+/// Element types of whole-model programs (a superset of the kernel dtypes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Element {
+    /// 32-bit float.
+    F32,
+    /// 64-bit float.
+    F64,
+    /// bfloat16.
+    BF16,
+    /// IEEE half.
+    F16,
+    /// 64-bit integer.
+    I64,
+    /// 32-bit integer.
+    I32,
+    /// 16-bit integer.
+    I16,
+    /// 8-bit integer.
+    I8,
+    /// 8-bit unsigned integer.
+    U8,
+    /// Boolean (one byte).
+    Bool,
+}
+
+impl Element {
+    /// Parses a short name (`f32`, `f64`, `bf16`, `f16`, `i64`, `i32`, `i16`, `i8`, `u8`, `bool`).
+    pub fn from_name(name: &str) -> Option<Element> {
+        Some(match name {
+            "f32" => Element::F32,
+            "f64" => Element::F64,
+            "bf16" => Element::BF16,
+            "f16" => Element::F16,
+            "i64" => Element::I64,
+            "i32" => Element::I32,
+            "i16" => Element::I16,
+            "i8" => Element::I8,
+            "u8" => Element::U8,
+            "bool" => Element::Bool,
+            _ => return None,
+        })
+    }
+
+    /// Bytes per element.
+    pub fn size_bytes(self) -> usize {
+        match self {
+            Element::F64 | Element::I64 => 8,
+            Element::F32 | Element::I32 => 4,
+            Element::BF16 | Element::F16 | Element::I16 => 2,
+            Element::I8 | Element::U8 | Element::Bool => 1,
+        }
+    }
+
+    fn buffer_type(self) -> ffi::PJRT_Buffer_Type {
+        match self {
+            Element::F32 => ffi::PJRT_Buffer_Type_PJRT_Buffer_Type_F32,
+            Element::F64 => ffi::PJRT_Buffer_Type_PJRT_Buffer_Type_F64,
+            Element::BF16 => ffi::PJRT_Buffer_Type_PJRT_Buffer_Type_BF16,
+            Element::F16 => ffi::PJRT_Buffer_Type_PJRT_Buffer_Type_F16,
+            Element::I64 => ffi::PJRT_Buffer_Type_PJRT_Buffer_Type_S64,
+            Element::I32 => ffi::PJRT_Buffer_Type_PJRT_Buffer_Type_S32,
+            Element::I16 => ffi::PJRT_Buffer_Type_PJRT_Buffer_Type_S16,
+            Element::I8 => ffi::PJRT_Buffer_Type_PJRT_Buffer_Type_S8,
+            Element::U8 => ffi::PJRT_Buffer_Type_PJRT_Buffer_Type_U8,
+            Element::Bool => ffi::PJRT_Buffer_Type_PJRT_Buffer_Type_PRED,
+        }
+    }
+}
+
+impl HostBuffer {
+    fn byte_len(&self) -> usize {
+        self.dims
+            .iter()
+            .map(|&d| d.max(0) as usize)
+            .product::<usize>()
+            * self.element.size_bytes()
+    }
+}
+
 /// A PJRT client bound to its first device.
 pub struct Client {
     plugin: &'static Plugin,
@@ -357,16 +510,45 @@ impl Client {
     fn upload(&self, a: &Array) -> Result<Buffer> {
         let bytes = host_bytes(a);
         let dims: Vec<i64> = a.shape().iter().map(|&d| d as i64).collect();
+        // SAFETY: `bytes` holds the array's elements in its device type, and lives until
+        // the host-buffer event below.
+        let (buffer, done) = unsafe {
+            self.upload_raw(
+                bytes.as_ptr() as *const c_void,
+                buffer_type(a.dtype()),
+                &dims,
+                ffi::PJRT_HostBufferSemantics_PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes,
+            )
+        }?;
+        self.plugin.await_event(done)?;
+        Ok(buffer)
+    }
+
+    /// Makes a device buffer of host memory; with `kImmutableZeroCopy` the CPU client
+    /// may alias it instead of copying. Returns the buffer and the event that fires
+    /// when PJRT is done with the host memory (for an aliased buffer: once the buffer
+    /// is destroyed).
+    ///
+    /// # Safety
+    /// `data` must hold the elements of `dims` in type `ty`, alive and unchanged until
+    /// the returned event fires.
+    unsafe fn upload_raw(
+        &self,
+        data: *const c_void,
+        ty: ffi::PJRT_Buffer_Type,
+        dims: &[i64],
+        semantics: ffi::PJRT_HostBufferSemantics,
+    ) -> Result<(Buffer, *mut ffi::PJRT_Event)> {
         let mut args = args!(PJRT_Client_BufferFromHostBuffer_Args {
             client: self.client,
-            data: bytes.as_ptr() as *const c_void,
-            type_: buffer_type(a.dtype()),
+            data: data,
+            type_: ty,
             dims: dims.as_ptr(),
             num_dims: dims.len(),
-            host_buffer_semantics: ffi::PJRT_HostBufferSemantics_PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes,
+            host_buffer_semantics: semantics,
             device: self.device,
         });
-        // SAFETY: `bytes` and `dims` live until the transfer-complete event below.
+        // SAFETY: `data` and `dims` live until the transfer-complete event below.
         unsafe {
             self.plugin.invoke(
                 self.plugin.api.PJRT_Client_BufferFromHostBuffer,
@@ -378,19 +560,28 @@ impl Client {
             plugin: self.plugin,
             buf: args.buffer,
         };
-        self.plugin.await_event(args.done_with_host_buffer)?;
-        Ok(buffer)
+        Ok((buffer, args.done_with_host_buffer))
     }
 
     fn download(&self, b: &Buffer, ty: &TensorType) -> Result<Array> {
         let size = ty.num_elements() as usize * ty.dtype.size_bytes();
         let mut bytes = vec![0u8; size];
+        // SAFETY: `bytes` has `size` bytes.
+        unsafe { self.download_raw(b, bytes.as_mut_ptr() as *mut c_void, size) }?;
+        array_from_bytes(ty, &bytes)
+    }
+
+    /// Copies a device buffer into `size` bytes at `dst`.
+    ///
+    /// # Safety
+    /// `dst` must be writable for `size` bytes.
+    unsafe fn download_raw(&self, b: &Buffer, dst: *mut c_void, size: usize) -> Result<()> {
         let mut a = args!(PJRT_Buffer_ToHostBuffer_Args {
             src: b.buf,
-            dst: bytes.as_mut_ptr() as *mut c_void,
+            dst: dst,
             dst_size: size,
         });
-        // SAFETY: `bytes` has `dst_size` bytes and lives until the event completes.
+        // SAFETY: `dst` has `dst_size` bytes and lives until the event completes.
         unsafe {
             self.plugin.invoke(
                 self.plugin.api.PJRT_Buffer_ToHostBuffer,
@@ -398,8 +589,7 @@ impl Client {
                 "PJRT_Buffer_ToHostBuffer",
             )
         }?;
-        self.plugin.await_event(a.event)?;
-        array_from_bytes(ty, &bytes)
+        self.plugin.await_event(a.event)
     }
 
     /// Runs `exe` on `inputs`; `outputs` are the result types, in order.
@@ -413,9 +603,100 @@ impl Client {
             .iter()
             .map(|a| self.upload(a))
             .collect::<Result<Vec<_>>>()?;
+        let results = self.launch(exe, buffers, outputs.len())?;
+        results
+            .iter()
+            .zip(outputs)
+            .map(|(b, ty)| self.download(b, ty))
+            .collect()
+    }
+
+    /// Runs `exe` on host memory: inputs are aliased where the client allows it (else
+    /// copied in), each result is copied into its output buffer.
+    ///
+    /// # Safety
+    /// Every buffer must point at its elements (dense, row-major), inputs alive and
+    /// unchanged for the call, outputs writable.
+    pub unsafe fn execute_host(
+        &self,
+        exe: &Executable,
+        inputs: &[HostBuffer],
+        outputs: &[HostBuffer],
+    ) -> Result<()> {
+        let mut buffers = Vec::with_capacity(inputs.len());
+        let mut host_done = Vec::with_capacity(inputs.len());
+        for h in inputs {
+            // SAFETY: the caller keeps `h` alive and unchanged until we return, after
+            // every host-buffer event has fired.
+            let uploaded = unsafe {
+                self.upload_raw(
+                    h.data,
+                    h.element.buffer_type(),
+                    &h.dims,
+                    ffi::PJRT_HostBufferSemantics_PJRT_HostBufferSemantics_kImmutableZeroCopy,
+                )
+            };
+            match uploaded {
+                Ok((b, done)) => {
+                    buffers.push(b);
+                    host_done.push(done);
+                }
+                Err(e) => {
+                    drop(buffers);
+                    self.await_all(host_done)?;
+                    return Err(e);
+                }
+            }
+        }
+        // `launch` destroys the input buffers, which releases aliased host memory.
+        let launched = self.launch(exe, buffers, outputs.len());
+        self.await_all(host_done)?;
+        let results = launched?;
+        for (i, (b, h)) in results.iter().zip(outputs).enumerate() {
+            let want = h.byte_len();
+            let got = self.on_device_size(b)?;
+            if got != want {
+                return Err(PjrtError(format!(
+                    "result {i} has {got} bytes, its output buffer {want}"
+                )));
+            }
+            // SAFETY: the caller's output buffer has `want` writable bytes.
+            unsafe { self.download_raw(b, h.data, want) }?;
+        }
+        Ok(())
+    }
+
+    /// Waits for (and frees) every event, returning the first error.
+    fn await_all(&self, events: Vec<*mut ffi::PJRT_Event>) -> Result<()> {
+        let mut first = Ok(());
+        for e in events {
+            let r = self.plugin.await_event(e);
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    }
+
+    /// The bytes a device buffer holds.
+    fn on_device_size(&self, b: &Buffer) -> Result<usize> {
+        let mut a = args!(PJRT_Buffer_OnDeviceSizeInBytes_Args { buffer: b.buf });
+        // SAFETY: `b` is live.
+        unsafe {
+            self.plugin.invoke(
+                self.plugin.api.PJRT_Buffer_OnDeviceSizeInBytes,
+                &mut a,
+                "PJRT_Buffer_OnDeviceSizeInBytes",
+            )
+        }?;
+        Ok(a.on_device_size_in_bytes)
+    }
+
+    /// Executes on device buffers (consumed) and waits; returns the results.
+    fn launch(&self, exe: &Executable, buffers: Vec<Buffer>, n_out: usize) -> Result<Vec<Buffer>> {
         let raw: Vec<*mut ffi::PJRT_Buffer> = buffers.iter().map(|b| b.buf).collect();
         let arg_list: *const *mut ffi::PJRT_Buffer = raw.as_ptr();
-        let mut out: Vec<*mut ffi::PJRT_Buffer> = vec![ptr::null_mut(); outputs.len()];
+        let mut out: Vec<*mut ffi::PJRT_Buffer> = vec![ptr::null_mut(); n_out];
         let mut out_list: *mut *mut ffi::PJRT_Buffer = out.as_mut_ptr();
         let mut done: *mut ffi::PJRT_Event = ptr::null_mut();
         let mut options = args!(PJRT_ExecuteOptions {});
@@ -445,11 +726,7 @@ impl Client {
             .collect();
         self.plugin.await_event(done)?;
         drop(buffers);
-        results
-            .iter()
-            .zip(outputs)
-            .map(|(b, ty)| self.download(b, ty))
-            .collect()
+        Ok(results)
     }
 }
 

@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 
 use crate::cache::{self, Cache, Compiler, Source};
 use crate::debug;
-use crate::pjrt::{Client, Executable, Plugin};
+use crate::pjrt::{Client, Executable, HostBuffer, Plugin};
 
 /// PJRT as a [`Compiler`] for the cache.
 pub struct PjrtCompiler {
@@ -43,6 +43,7 @@ impl Compiler for PjrtCompiler {
 pub struct Xla {
     cache: Cache<PjrtCompiler>,
     plugin_path: PathBuf,
+    custom_calls: Result<(), String>,
 }
 
 /// The plugin file: `$TESSERA_PJRT_PLUGIN`, else the one `make setup` installed.
@@ -85,6 +86,7 @@ pub fn backend() -> Result<&'static Xla, &'static str> {
         let client = plugin
             .client()
             .map_err(|e| format!("PJRT client creation failed: {e}"))?;
+        let custom_calls = register_custom_calls(plugin);
         let file = plugin_fingerprint(&path)
             .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         let (major, minor) = plugin.api_version();
@@ -102,13 +104,67 @@ pub fn backend() -> Result<&'static Xla, &'static str> {
                 dir,
             ),
             plugin_path: path,
+            custom_calls,
         })
     })
     .as_ref()
     .map_err(String::as_str)
 }
 
+/// Registers the `tessera_op` custom-call handler with the plugin (before any compile,
+/// so programs calling it compile and deserialized ones find it).
+fn register_custom_calls(plugin: &Plugin) -> Result<(), String> {
+    #[cfg(tessera_xla_ffi)]
+    {
+        plugin
+            .register_ffi_handler(
+                crate::custom_call::TARGET,
+                crate::custom_call::handler_ptr(),
+            )
+            .map_err(|e| format!("registering the Tessera custom-call handler failed: {e}"))
+    }
+    #[cfg(not(tessera_xla_ffi))]
+    {
+        let _ = plugin;
+        Err("built without the XLA FFI header (jaxlib; run `make setup`)".into())
+    }
+}
+
 impl Xla {
+    /// Whether XLA programs can call Tessera ops (`Err` says why not).
+    pub fn custom_calls(&self) -> Result<(), &str> {
+        self.custom_calls
+            .as_ref()
+            .map(|_| ())
+            .map_err(String::as_str)
+    }
+
+    /// Compiles a StableHLO module (or finds it in the cache); says where it came from.
+    pub fn compile(&self, module: &str) -> Result<(std::sync::Arc<Executable>, Source), String> {
+        self.cache.get(module)
+    }
+
+    /// Runs a compiled module on host memory (see [`Client::execute_host`]).
+    ///
+    /// # Safety
+    /// As [`Client::execute_host`]: every buffer points at its elements, inputs alive and
+    /// unchanged for the call, outputs writable.
+    pub unsafe fn run_host(
+        &self,
+        exe: &Executable,
+        inputs: &[HostBuffer],
+        outputs: &[HostBuffer],
+    ) -> Result<(), String> {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            self.cache
+                .compiler()
+                .client
+                .execute_host(exe, inputs, outputs)
+        }
+        .map_err(|e| e.to_string())
+    }
+
     /// The plugin file in use.
     pub fn plugin_path(&self) -> &Path {
         &self.plugin_path

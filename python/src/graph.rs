@@ -1,0 +1,138 @@
+//! Graph mode's native half: compile whole-model StableHLO through the XLA backend's
+//! two-tier cache, run it on tensors' memory, and run the Tessera ops those programs
+//! call (`stablehlo.custom_call @tessera_op`, attributes `op` and `params`).
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::time::Instant;
+
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use runtime::cache::Source;
+use runtime::pjrt::{Element, Executable, HostBuffer};
+
+use crate::{run_op, Buffer};
+
+/// The XLA backend, or why it cannot be used.
+fn xla() -> PyResult<&'static runtime::xla::Xla> {
+    runtime::xla::backend()
+        .map_err(|e| PyRuntimeError::new_err(format!("graph mode needs the XLA backend: {e}")))
+}
+
+/// A compiled whole-model program.
+#[pyclass(frozen)]
+struct GraphExecutable {
+    exe: Arc<Executable>,
+}
+
+fn host_buffers(buffers: &[Buffer], what: &str) -> PyResult<Vec<HostBuffer>> {
+    buffers
+        .iter()
+        .enumerate()
+        .map(|(i, (addr, dims, dtype))| {
+            let element = Element::from_name(dtype).ok_or_else(|| {
+                PyValueError::new_err(format!("{what} {i}: unsupported dtype `{dtype}`"))
+            })?;
+            Ok(HostBuffer {
+                data: *addr as *mut std::ffi::c_void,
+                element,
+                dims: dims.iter().map(|&d| d as i64).collect(),
+            })
+        })
+        .collect()
+}
+
+#[pymethods]
+impl GraphExecutable {
+    /// Runs the program: `inputs` and `outputs` are `(address, shape, dtype)` of
+    /// contiguous CPU tensors; inputs are aliased where PJRT allows, results copied into
+    /// the outputs.
+    fn run(&self, py: Python<'_>, inputs: Vec<Buffer>, outputs: Vec<Buffer>) -> PyResult<()> {
+        let xla = xla()?;
+        let ins = host_buffers(&inputs, "input")?;
+        let outs = host_buffers(&outputs, "output")?;
+        // Raw pointers are not Send: move their addresses across the released lock.
+        let exe = self.exe.clone();
+        let result = py.detach(move || {
+            catch_unwind(AssertUnwindSafe(|| {
+                // SAFETY: the Python side passes live contiguous tensors of these types
+                // and fresh outputs, and keeps them alive for the call.
+                unsafe { xla.run_host(&exe, &ins, &outs) }
+            }))
+        });
+        match result {
+            Ok(r) => r.map_err(|e| PyRuntimeError::new_err(format!("running the graph: {e}"))),
+            Err(_) => Err(PyRuntimeError::new_err(
+                "running the graph: internal error (panic)",
+            )),
+        }
+    }
+}
+
+/// Compiles a StableHLO module (or loads it from the cache): returns the executable,
+/// where it came from (`compiled`, `memory`, `disk`) and the milliseconds it took.
+#[pyfunction]
+fn graph_compile(py: Python<'_>, module: String) -> PyResult<(GraphExecutable, String, f64)> {
+    let xla = xla()?;
+    let t = Instant::now();
+    let got = py.detach(move || catch_unwind(AssertUnwindSafe(|| xla.compile(&module))));
+    let (exe, source) = match got {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => return Err(PyRuntimeError::new_err(format!("XLA: {e}"))),
+        Err(_) => return Err(PyRuntimeError::new_err("XLA: internal error (panic)")),
+    };
+    let source = match source {
+        Source::Compiled => "compiled",
+        Source::Memory => "memory",
+        Source::Disk => "disk",
+    };
+    Ok((
+        GraphExecutable { exe },
+        source.to_string(),
+        t.elapsed().as_secs_f64() * 1e3,
+    ))
+}
+
+/// Why XLA programs cannot call Tessera ops here, or `None` when they can.
+#[pyfunction]
+fn custom_calls_unavailable() -> Option<String> {
+    match runtime::xla::backend() {
+        Err(e) => Some(format!("the XLA backend is unavailable: {e}")),
+        Ok(x) => x.custom_calls().err().map(String::from),
+    }
+}
+
+/// Runs one `tessera_op` custom call: the library op `op` with `params`
+/// (comma-separated `name=value`) on XLA's buffers.
+fn run_custom_call(call: &runtime::custom_call::OpCall) -> Result<(), String> {
+    let op = call.attr("op")?;
+    let params: Vec<String> = call
+        .attr("params")?
+        .split(',')
+        .filter(|p| !p.is_empty())
+        .map(String::from)
+        .collect();
+    let buffers = |bs: &[runtime::custom_call::CallBuffer]| -> Vec<Buffer> {
+        bs.iter()
+            .map(|b| (b.data as usize, b.dims.clone(), b.dtype.to_string()))
+            .collect()
+    };
+    run_op(
+        op,
+        &params,
+        &buffers(&call.inputs),
+        &buffers(&call.outputs),
+        "auto",
+    )
+    .map(|_| ())
+    .map_err(|e| e.message())
+}
+
+/// Adds graph mode's functions and installs the custom-call runner.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    runtime::custom_call::set_op_runner(Box::new(run_custom_call));
+    m.add_class::<GraphExecutable>()?;
+    m.add_function(wrap_pyfunction!(graph_compile, m)?)?;
+    m.add_function(wrap_pyfunction!(custom_calls_unavailable, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,260 @@
+"""Graph mode: ``torch.compile(model, backend="tessera")``.
+
+Dynamo -> kernel substitution (``patterns``: attention, norms, softmax, SwiGLU become
+``torch.ops.tessera.*``) -> AOTAutograd (forward and backward graphs, core ATen) ->
+torch-mlir -> StableHLO with the Tessera ops as ``tessera_op`` custom calls (``lower``)
+-> XLA through PJRT and the two-tier compilation cache -> a runner called with the
+tensors (inputs aliased where PJRT allows, outputs copied once into tensors allocated
+here).
+
+A graph that cannot be lowered or compiled runs eagerly with a warning naming the op
+and the reason (``TESSERA_GRAPH_STRICT=1`` makes it an error). Static shapes only:
+dynamic shapes run eagerly with a warning that says so.
+"""
+
+import copy
+import itertools
+import os
+import sys
+import time
+import warnings
+from typing import Dict, List
+
+import torch
+from torch._functorch.aot_autograd import make_boxed_func
+
+from .. import _tessera
+from . import decompositions, lower, patterns
+from .lower import LoweringError
+
+__all__ = ["GraphModeError", "explain_graph", "graph_stats", "reset_graph_stats", "tessera_backend"]
+
+
+class GraphModeError(RuntimeError):
+    """Raised instead of falling back to eager when ``TESSERA_GRAPH_STRICT=1``."""
+
+
+def _empty_stats() -> Dict:
+    return {"graphs": 0, "cache_hits": {"memory": 0, "disk": 0}, "kernels": {}, "fallbacks": {}}
+
+
+_stats = _empty_stats()
+_graph_ids = itertools.count()
+_warned = set()
+
+
+def graph_stats() -> Dict:
+    """``graphs`` (executables compiled), ``cache_hits`` (``{"memory": n, "disk": n}``),
+    ``kernels`` (``{kernel: custom calls in compiled graphs}``), ``fallbacks``
+    (``{op or pattern: reason}``)."""
+    return copy.deepcopy(_stats)
+
+
+def reset_graph_stats() -> None:
+    """Zeroes :func:`graph_stats`."""
+    global _stats
+    _stats = _empty_stats()
+
+
+def _debug(message: str) -> None:
+    if os.environ.get("TESSERA_LOG") == "debug":
+        print(f"debug: tessera graph: {message}", file=sys.stderr)
+
+
+def _fallback(what: str, reason: str) -> None:
+    """Records that ``what`` runs eagerly; warns once; raises under strict mode."""
+    _stats["fallbacks"][what] = reason
+    if os.environ.get("TESSERA_GRAPH_STRICT") == "1":
+        raise GraphModeError(f"tessera graph mode: {what}: {reason}")
+    if (what, reason) not in _warned:
+        _warned.add((what, reason))
+        warnings.warn(f"tessera graph mode: {what} runs eagerly: {reason}", stacklevel=3)
+
+
+def _dump(name: str, text: str) -> None:
+    directory = os.environ.get("TESSERA_DUMP")
+    if not directory:
+        return
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, name), "w") as f:
+        f.write(text)
+
+
+# ---- the runner -----------------------------------------------------------------------
+
+
+class _Runner:
+    """Calls a compiled graph: tensors in, tensors out (``None`` where the graph returns
+    ``None``, as backward graphs do for inputs without gradients)."""
+
+    def __init__(self, exe, outputs: List, constants: List[torch.Tensor]):
+        self.exe = exe
+        self.outputs = outputs  # per graph output: (shape, dtype, element) or None
+        self.constants = [c.contiguous() for c in constants]
+
+    def __call__(self, *args):
+        inputs = [a.contiguous() for a in args] + self.constants
+        results = [None if o is None else torch.empty(o[0], dtype=o[1]) for o in self.outputs]
+        self.exe.run([(t.data_ptr(), list(t.shape), lower.element_name(t.dtype)) for t in inputs],
+                     [(t.data_ptr(), list(t.shape), o[2]) for t, o in zip(results, self.outputs) if o is not None])
+        return results
+
+
+def _prepare(gm: torch.fx.GraphModule):
+    """Checks the graph's inputs and outputs, drops ``None`` outputs from it, and returns
+    the runner's output specs; raises ``LoweringError`` for what XLA cannot take."""
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            continue
+        v = n.meta.get("val")
+        if not isinstance(v, torch.Tensor):
+            raise LoweringError(f"input {n.name} is a {type(v).__name__}, not a tensor")
+        if lower.element_name(v.dtype) is None:
+            raise LoweringError(f"input {n.name} has dtype {v.dtype}")
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    values = output.args[0]
+    values = list(values) if isinstance(values, (list, tuple)) else [values]
+    specs = []
+    for v in values:
+        if v is None:
+            specs.append(None)
+            continue
+        if not isinstance(v, torch.fx.Node) or not isinstance(v.meta.get("val"), torch.Tensor):
+            raise LoweringError(f"graph output {v} is not a tensor")
+        t = v.meta["val"]
+        if lower.element_name(t.dtype) is None:
+            raise LoweringError(f"output {v.name} has dtype {t.dtype}")
+        specs.append((list(t.shape), t.dtype, lower.element_name(t.dtype)))
+    output.args = (tuple(v for v in values if v is not None),)
+    gm.recompile()
+    return specs
+
+
+def _compile(gm: torch.fx.GraphModule, example_inputs, *, name: str):
+    """AOTAutograd's forward/backward compiler: lowers, compiles (or loads) and returns
+    a boxed runner; an eager boxed function of the graph if that fails."""
+    eager = make_boxed_func(copy.deepcopy(gm).forward)
+    t0 = time.perf_counter()
+    try:
+        constants = lower.lift_constants(gm)
+        specs = _prepare(gm)
+        text, kernels = lower.to_stablehlo(gm)
+        t1 = time.perf_counter()
+        exe, source, compile_ms = _tessera.graph_compile(text)
+    except (LoweringError, RuntimeError) as e:
+        _fallback(name, str(e))
+        return eager
+    _stats["graphs"] += 1
+    if source in ("memory", "disk"):
+        _stats["cache_hits"][source] += 1
+    for k in kernels:
+        _stats["kernels"][k] = _stats["kernels"].get(k, 0) + 1
+    ops = text.count(" = stablehlo.") + text.count(" = \"stablehlo.")
+    summary = (f"{name}: {ops} StableHLO ops, {len(kernels)} Tessera kernels "
+               f"({', '.join(sorted(set(kernels))) or 'none'}), import {1e3 * (t1 - t0):.0f} ms, "
+               f"XLA {compile_ms:.0f} ms ({source})")
+    _debug(summary)
+    _dump(f"{name}.stablehlo.mlir", text)
+    _dump(f"{name}.summary.txt", summary + "\n")
+    runner = _Runner(exe, specs, constants)
+    return make_boxed_func(runner)
+
+
+# ---- the backend ----------------------------------------------------------------------
+
+
+def _buffer_values(gm: torch.fx.GraphModule, example_inputs):
+    """Values of placeholders that hold buffers (constant masks come from these)."""
+    values = {}
+    for n, v in zip((n for n in gm.graph.nodes if n.op == "placeholder"), example_inputs):
+        if isinstance(v, torch.Tensor) and not v.requires_grad and "_buffers_" in n.name:
+            values[n] = v
+    return values
+
+
+def _constant_evaluator(gm: torch.fx.GraphModule, example_inputs):
+    """``evaluate(node)``: the node's value if it depends only on buffers and constants."""
+    known = _buffer_values(gm, example_inputs)
+
+    def evaluate(node):
+        if not isinstance(node, torch.fx.Node):
+            return node
+        if node in known:
+            return known[node]
+        if node.op not in ("call_function", "call_method"):
+            return None
+        args = [evaluate(a) if isinstance(a, torch.fx.Node) else a for a in node.args]
+        kwargs = {k: evaluate(v) if isinstance(v, torch.fx.Node) else v for k, v in node.kwargs.items()}
+        if any(isinstance(a, torch.fx.Node) and v is None for a, v in zip(node.args, args)):
+            return None
+        try:
+            with torch.no_grad():
+                if node.op == "call_method":
+                    value = getattr(args[0], node.target)(*args[1:], **kwargs)
+                else:
+                    value = node.target(*args, **kwargs)
+        except Exception:
+            return None
+        known[node] = value
+        return value
+
+    return evaluate
+
+
+def _dynamic(example_inputs) -> bool:
+    for t in example_inputs:
+        if isinstance(t, torch.SymInt):
+            return True
+        if isinstance(t, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in t.shape):
+            return True
+    return False
+
+
+def _is_training(example_inputs) -> bool:
+    return torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs)
+
+
+def tessera_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
+    """The ``torch.compile`` backend ``"tessera"``."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    graph_id = next(_graph_ids)
+    if _dynamic(example_inputs):
+        _fallback(f"graph g{graph_id}", "dynamic shapes are not supported (graph mode compiles static "
+                  "shapes; use torch.compile(dynamic=False) to compile each shape)")
+        return gm.forward
+    _dump(f"g{graph_id}.fx_before.py", gm.code)
+    report = patterns.substitute(gm, _constant_evaluator(gm, example_inputs), _is_training(example_inputs))
+    _dump(f"g{graph_id}.fx_after.py", gm.code)
+    _stats["fallbacks"].update(report.skipped)
+    _debug(f"g{graph_id}: substituted {report.substituted or 'nothing'}"
+           + (f"; kept {report.skipped}" if report.skipped else ""))
+
+    def compiler(kind):
+        return lambda g, ex: _compile(g, ex, name=f"g{graph_id}.{kind}")
+
+    return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
+                        decompositions=decompositions.table())(gm, example_inputs)
+
+
+def explain_graph(model, *args, **kwargs) -> Dict:
+    """Prints (and returns) what graph mode would substitute in ``model(*args)`` and why
+    each recognised pattern was not, without compiling anything."""
+    found = {"substituted": {}, "kept": {}}
+
+    def backend(gm, example_inputs):
+        report = patterns.substitute(gm, _constant_evaluator(gm, example_inputs), _is_training(example_inputs))
+        for op, n in report.substituted.items():
+            found["substituted"][op] = found["substituted"].get(op, 0) + n
+        found["kept"].update(report.skipped)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(model, backend=backend)(*args, **kwargs)
+    torch._dynamo.reset()
+    for op, n in sorted(found["substituted"].items()):
+        print(f"substituted: {op} x{n}")
+    for pattern, why in sorted(found["kept"].items()):
+        print(f"kept as plain StableHLO: {pattern}: {why}")
+    return found

@@ -1,0 +1,293 @@
+"""ATen graph -> StableHLO text, with Tessera ops as custom calls.
+
+torch-mlir imports the graph (a maintained importer, not a table of ATen ops here). Each
+``torch.ops.tessera.*`` node arrives as a ``torch.operator``; before torch-mlir's
+pipelines run, it is replaced by ``stablehlo.custom_call @tessera_op`` (reshaping
+operands to the kernel's shapes and results back), whose ``backend_config`` names the
+library op and its parameters. On CPU that target is the native kernel registered as
+an XLA FFI handler (``runtime::custom_call``).
+
+Two details of torch-mlir shape the code: its Python context cannot create the
+``torch_c`` casts around the call, so ``builtin.unrealized_conversion_cast`` stands in
+for them until the torch backend form, then the casts are renamed in the printed
+module and the StableHLO pipeline runs in ``torch-mlir-opt``.
+"""
+
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from .. import _attention_params, _DTYPES
+
+TARGET = "tessera_op"
+
+# Torch dialect element types -> builtin ones.
+_ELEMENT = {"f32": "f32", "f64": "f64", "bf16": "bf16", "f16": "f16", "si64": "i64", "si32": "i32",
+            "si16": "i16", "si8": "i8", "ui8": "ui8", "i1": "i1"}
+
+
+class LoweringError(Exception):
+    """The graph cannot be lowered to StableHLO; the message says which op and why."""
+
+
+@dataclass
+class KernelCall:
+    """How one Tessera op node becomes a custom call."""
+
+    kernel: str                       # library op name
+    params: Dict[str, object]         # its parameters
+    inputs: List[Tuple[int, list]]    # (tensor operand index, shape the kernel wants)
+    outputs: List[Tuple[list, str]]   # (shape, element type) of each kernel output
+    results: List[int]                # node result i -> kernel output results[i]
+
+    def params_text(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in self.params.items())
+
+
+def _val(n):
+    return n.meta.get("val") if isinstance(n, torch.fx.Node) else None
+
+
+def _rows(x):
+    cols = x.shape[-1]
+    return (x.numel() // cols if cols else 0), cols
+
+
+def _row_call(kernel, x, extra, n_vectors=0, n_matrices=1):
+    """A row-wise op: the first ``n_matrices`` operands flattened to [rows, cols], then
+    ``n_vectors`` operands of [cols]."""
+    rows, cols = _rows(x)
+    dt = _DTYPES[x.dtype]
+    ins = [(i, [rows, cols]) for i in range(n_matrices)] + [(n_matrices + i, [cols]) for i in range(n_vectors)]
+    return KernelCall(kernel, {"rows": rows, "cols": cols, "dtype": dt, **extra}, ins, [([rows, cols], dt)], [0])
+
+
+def kernel_call(node: torch.fx.Node) -> KernelCall:
+    """The custom call for a ``torch.ops.tessera.*`` node of an ATen graph."""
+    name = node.target._opname
+    args = [_val(a) if isinstance(a, torch.fx.Node) else a for a in node.args]
+    if name == "softmax":
+        return _row_call("softmax", args[0], {})
+    if name == "rms_norm":
+        eps = args[2] if len(args) > 2 else node.kwargs.get("eps", 1e-5)
+        return _row_call("rms_norm", args[0], {"eps": eps}, n_vectors=1)
+    if name == "layer_norm":
+        eps = args[3] if len(args) > 3 else node.kwargs.get("eps", 1e-5)
+        return _row_call("layer_norm", args[0], {"eps": eps}, n_vectors=2)
+    if name == "swiglu":
+        return _row_call("swiglu", args[0], {}, n_matrices=2)
+    if name in ("flash_attention", "flash_attention_fwd", "flash_attention_bwd"):
+        q, k, v = args[:3]
+        rest = args[4:] if name == "flash_attention_bwd" else args[3:]
+        is_causal = rest[0] if rest else node.kwargs.get("is_causal", False)
+        scale = rest[1] if len(rest) > 1 else node.kwargs.get("scale")
+        params = _attention_params(q, k, v, is_causal, scale)
+        dt = params["dtype"]
+        if name == "flash_attention_bwd":
+            ins = [(i, list(t.shape)) for i, t in enumerate(args[:4])]
+            outs = [(list(t.shape), dt) for t in (q, k, v)]
+            return KernelCall("flash_attention_bwd", params, ins, outs, [0, 1, 2])
+        ins = [(i, list(t.shape)) for i, t in enumerate((q, k, v))]
+        outs = [(list(q.shape), dt), ([*q.shape[:3], 1], "f32")]
+        return KernelCall("flash_attention", params, ins, outs, [0] if name == "flash_attention" else [0, 1])
+    raise LoweringError(f"tessera.{name} has no custom-call lowering")
+
+
+def lift_constants(gm: torch.fx.GraphModule) -> List[torch.Tensor]:
+    """Turns tensor ``get_attr`` nodes into trailing inputs (torch-mlir would embed them
+    as ``dense_resource`` constants, which XLA rejects); returns their values."""
+    constants = []
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    last = placeholders[-1] if placeholders else None
+    for n in list(gm.graph.nodes):
+        if n.op != "get_attr":
+            continue
+        value = getattr(gm, n.target)
+        if not isinstance(value, torch.Tensor):
+            continue
+        if last is None:
+            with gm.graph.inserting_before(next(iter(gm.graph.nodes))):
+                p = gm.graph.placeholder(f"_const_{len(constants)}")
+        else:
+            with gm.graph.inserting_after(last):
+                p = gm.graph.placeholder(f"_const_{len(constants)}")
+        p.meta["val"] = value
+        n.replace_all_uses_with(p)
+        gm.graph.erase_node(n)
+        last = p
+        constants.append(value)
+    gm.graph.lint()
+    gm.recompile()
+    return constants
+
+
+def _parse_vtensor(torch_type: str) -> Tuple[List[int], str]:
+    """Dims and builtin element type of a ``!torch.vtensor<[d0,d1],et>``."""
+    m = re.fullmatch(r"!torch\.vtensor<\[([\d,]*)\],(\w+)>", torch_type)
+    if not m or m.group(2) not in _ELEMENT:
+        raise LoweringError(f"operand type {torch_type} is not supported")
+    dims, element = m.groups()
+    return [int(d) for d in dims.split(",") if d], _ELEMENT[element]
+
+
+def _tensor_type(shape, element) -> str:
+    return f"tensor<{''.join(f'{d}x' for d in shape)}{element}>"
+
+
+def _builtin_type(torch_type: str) -> str:
+    return _tensor_type(*_parse_vtensor(torch_type))
+
+
+def _walk(op, out):
+    for region in op.regions:
+        for block in region.blocks:
+            for o in block.operations:
+                out.append(o)
+                _walk(o, out)
+    return out
+
+
+def _replace_operators(module, calls: List[KernelCall]):
+    """Replaces the i-th ``torch.operator`` with the i-th custom call."""
+    from torch_mlir import ir
+
+    ops = [o for o in _walk(module.operation, []) if o.operation.name == "torch.operator"]
+    if len(ops) != len(calls):
+        names = [ir.StringAttr(o.operation.attributes["name"]).value for o in ops]
+        raise LoweringError(f"torch-mlir could not import these ops: {', '.join(names)}")
+    for o, call in zip(ops, calls):
+        name = ir.StringAttr(o.operation.attributes["name"]).value
+        if not name.startswith("torch.tessera."):
+            raise LoweringError(f"torch-mlir could not import {name}")
+        with ir.InsertionPoint(o), o.location:
+            tensors = [v for v in o.operands if str(v.type).startswith("!torch.vtensor")]
+            operands = []
+            for index, shape in call.inputs:
+                v = tensors[index]
+                dims, element = _parse_vtensor(str(v.type))
+                builtin = ir.Type.parse(_tensor_type(dims, element))
+                cast = ir.Operation.create("builtin.unrealized_conversion_cast", results=[builtin], operands=[v])
+                value = cast.result
+                want = _tensor_type(shape, element)
+                if dims != list(shape):
+                    value = ir.Operation.create("stablehlo.reshape", results=[ir.Type.parse(want)], operands=[value]).result
+                operands.append(value)
+            config = f'{{op = "{call.kernel}", params = "{call.params_text()}"}}'
+            custom = ir.Operation.create(
+                "stablehlo.custom_call",
+                results=[ir.Type.parse(_tensor_type(s, e)) for s, e in call.outputs],
+                operands=operands,
+                attributes={
+                    "call_target_name": ir.StringAttr.get(TARGET),
+                    "api_version": ir.IntegerAttr.get(ir.IntegerType.get_signless(32), 4),
+                    "backend_config": ir.Attribute.parse(config),
+                },
+            )
+            for result, j in zip(o.results, call.results):
+                value = custom.results[j]
+                builtin = _builtin_type(str(result.type))
+                if str(value.type) != builtin:
+                    value = ir.Operation.create("stablehlo.reshape", results=[ir.Type.parse(builtin)], operands=[value]).result
+                back = ir.Operation.create("builtin.unrealized_conversion_cast", results=[result.type], operands=[value])
+                result.replace_all_uses_with(back.result)
+        o.operation.erase()
+
+
+def _opt_binary() -> str:
+    from torch_mlir import _mlir_libs
+
+    return os.path.join(os.path.dirname(_mlir_libs.__file__), "torch-mlir-opt")
+
+
+def _rename_casts(text: str) -> str:
+    """``builtin.unrealized_conversion_cast`` -> the ``torch_c`` cast of its direction."""
+    out = []
+    for line in text.splitlines():
+        if '"builtin.unrealized_conversion_cast"(' in line:
+            to_builtin = ": (!torch.vtensor" in line
+            line = line.replace('"builtin.unrealized_conversion_cast"',
+                                '"torch_c.to_builtin_tensor"' if to_builtin else '"torch_c.from_builtin_tensor"')
+        out.append(line)
+    return "\n".join(out)
+
+
+def _stablehlo_pipeline(text: str) -> str:
+    pipeline = "builtin.module(torch-backend-to-stablehlo-backend-pipeline{allow-non-finites=True})"
+    r = subprocess.run([_opt_binary(), f"-pass-pipeline={pipeline}"], input=text,
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise LoweringError(f"torch-mlir (StableHLO pipeline): {r.stderr.strip()[-2000:]}")
+    return r.stdout
+
+
+def to_stablehlo(gm: torch.fx.GraphModule) -> Tuple[str, List[str]]:
+    """The StableHLO text of a functional ATen graph whose inputs are all tensors, and
+    the library op name of each custom call in it."""
+    from torch_mlir import fx, ir
+    from torch_mlir._mlir_libs import _stablehlo
+    from torch_mlir.compiler_utils import OutputType, lower_mlir_module, run_pipeline_with_repro_report
+    from torch_mlir.dialects import torch as torch_d
+    from torch_mlir.extras.fx_importer import FxImporter
+
+    calls = [kernel_call(n) for n in gm.graph.nodes
+             if n.op == "call_function" and getattr(n.target, "namespace", None) == "tessera"]
+    context = ir.Context()
+    torch_d.register_dialect(context)
+    diagnostics = []
+
+    def collect(d):
+        diagnostics.append(str(d))
+        return True
+
+    context.attach_diagnostic_handler(collect)
+    try:
+        module = fx.stateless_fx_import(gm, output_type="raw", fx_importer=FxImporter(context=context))
+        if calls:
+            _stablehlo.register_dialect(module.context)
+            _replace_operators(module, calls)
+        run_pipeline_with_repro_report(
+            module,
+            "builtin.module(func.func(torch-match-quantized-custom-ops), "
+            "torchdynamo-export-to-torch-backend-pipeline{ extra-library=})",
+            "Lowering TorchFX IR -> Torch Backend IR",
+        )
+        if calls:
+            text = _stablehlo_pipeline(_rename_casts(module.operation.get_asm(print_generic_op_form=True)))
+        else:
+            text = str(lower_mlir_module(False, OutputType.STABLEHLO, module))
+    except LoweringError:
+        raise
+    except Exception as e:  # torch-mlir reports unsupported ops as exceptions of its own
+        if os.environ.get("TESSERA_LOG") == "debug":
+            import traceback
+            traceback.print_exc()
+        raise LoweringError(_first_line_of_interest("\n".join(diagnostics) + "\n" + str(e))) from None
+    if "dense_resource" in text:
+        raise LoweringError("the graph embeds a tensor constant XLA cannot take (dense_resource)")
+    return text, [c.kernel for c in calls]
+
+
+def _first_line_of_interest(message: str) -> str:
+    """The op torch-mlir could not lower, or its first error line."""
+    m = re.search(r"failed to legalize operation '([\w.]+)'", message)
+    if m:
+        name = m.group(1)
+        if name == "torch.operator":
+            op = re.search(r'name = "torch\.([\w.]+)"', message)
+            name = op.group(1) if op else name
+        return f"torch-mlir cannot lower {name.removeprefix('torch.')} to StableHLO"
+    for line in message.splitlines():
+        if "error" in line:
+            return line.strip()
+    return message.strip().splitlines()[0] if message.strip() else "torch-mlir failed"
+
+
+def element_name(dtype: torch.dtype) -> Optional[str]:
+    """The runtime's element name of a torch dtype (None: not supported)."""
+    return {torch.float32: "f32", torch.float64: "f64", torch.bfloat16: "bf16", torch.float16: "f16",
+            torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8",
+            torch.uint8: "u8", torch.bool: "bool"}.get(dtype)
