@@ -103,7 +103,9 @@ fn custom_calls_unavailable() -> Option<String> {
 }
 
 /// Runs one `tessera_op` custom call: the library op `op` with `params`
-/// (comma-separated `name=value`) on XLA's buffers.
+/// (comma-separated `name=value`) on XLA's buffers, natively, or in the interpreter
+/// when the native backend declines it (never on XLA: this already runs inside an XLA
+/// program, and PJRT is not re-entrant).
 fn run_custom_call(call: &runtime::custom_call::OpCall) -> Result<(), String> {
     let op = call.attr("op")?;
     let params: Vec<String> = call
@@ -117,15 +119,11 @@ fn run_custom_call(call: &runtime::custom_call::OpCall) -> Result<(), String> {
             .map(|b| (b.data as usize, b.dims.clone(), b.dtype.to_string()))
             .collect()
     };
-    run_op(
-        op,
-        &params,
-        &buffers(&call.inputs),
-        &buffers(&call.outputs),
-        "auto",
-    )
-    .map(|_| ())
-    .map_err(|e| e.message())
+    let (ins, outs) = (buffers(&call.inputs), buffers(&call.outputs));
+    run_op(op, &params, &ins, &outs, "native")
+        .or_else(|_| run_op(op, &params, &ins, &outs, "interp"))
+        .map(|_| ())
+        .map_err(|e| e.message())
 }
 
 /// Adds graph mode's functions and installs the custom-call runner.

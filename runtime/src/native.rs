@@ -21,7 +21,7 @@ use melior::utility::{
 use melior::Context;
 use mlir_sys::{
     mlirExecutionEngineCreate, mlirExecutionEngineDestroy, mlirExecutionEngineLookupPacked,
-    MlirExecutionEngine, MlirStringRef,
+    mlirExecutionEngineRegisterSymbol, MlirExecutionEngine, MlirStringRef,
 };
 
 use crate::cache::{Cache, Compiler, Source};
@@ -135,6 +135,11 @@ impl Compiler for JitCompiler {
                 messages()
             ));
         }
+        for (name, address) in float_conversions() {
+            // SAFETY: a live engine; the address is a function with the runtime
+            // library's signature for `name`.
+            unsafe { mlirExecutionEngineRegisterSymbol(engine, string_ref(name), address) };
+        }
         let entry = unsafe { mlirExecutionEngineLookupPacked(engine, string_ref(symbol)) };
         if entry.is_null() {
             unsafe { mlirExecutionEngineDestroy(engine) };
@@ -154,6 +159,27 @@ impl Compiler for JitCompiler {
     fn deserialize(&self, _: &[u8]) -> Result<Jitted, String> {
         Err("JIT-compiled code cannot be loaded".into())
     }
+}
+
+/// The compiler-rt half-precision conversions LLVM may call for scalar code. A binary
+/// that embeds the JIT (a Python extension, say) does not export them, so the engine is
+/// given these. x86-64 passes and returns `__bf16`/`_Float16` in the low half of `xmm0`,
+/// which a Rust `f32` argument or result occupies: the bits travel in its low 16 bits.
+fn float_conversions() -> [(&'static str, *mut c_void); 3] {
+    extern "C" fn truncsfbf2(x: f32) -> f32 {
+        f32::from_bits(u32::from(half::bf16::from_f32(x).to_bits()))
+    }
+    extern "C" fn truncsfhf2(x: f32) -> f32 {
+        f32::from_bits(u32::from(half::f16::from_f32(x).to_bits()))
+    }
+    extern "C" fn extendhfsf2(h: f32) -> f32 {
+        half::f16::from_bits(h.to_bits() as u16).to_f32()
+    }
+    [
+        ("__truncsfbf2", truncsfbf2 as *mut c_void),
+        ("__truncsfhf2", truncsfhf2 as *mut c_void),
+        ("__extendhfsf2", extendhfsf2 as *mut c_void),
+    ]
 }
 
 /// The process-wide native backend.

@@ -210,11 +210,6 @@ def _dynamic(example_inputs) -> bool:
     return False
 
 
-def _is_training(example_inputs) -> bool:
-    return torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs)
-
-
 def tessera_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     """The ``torch.compile`` backend ``"tessera"``."""
     from torch._dynamo.backends.common import aot_autograd
@@ -225,7 +220,7 @@ def tessera_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
                   "shapes; use torch.compile(dynamic=False) to compile each shape)")
         return gm.forward
     _dump(f"g{graph_id}.fx_before.py", gm.code)
-    report = patterns.substitute(gm, _constant_evaluator(gm, example_inputs), _is_training(example_inputs))
+    report = patterns.substitute(gm, _constant_evaluator(gm, example_inputs))
     _dump(f"g{graph_id}.fx_after.py", gm.code)
     _stats["fallbacks"].update(report.skipped)
     _debug(f"g{graph_id}: substituted {report.substituted or 'nothing'}"
@@ -244,7 +239,7 @@ def explain_graph(model, *args, **kwargs) -> Dict:
     found = {"substituted": {}, "kept": {}}
 
     def backend(gm, example_inputs):
-        report = patterns.substitute(gm, _constant_evaluator(gm, example_inputs), _is_training(example_inputs))
+        report = patterns.substitute(gm, _constant_evaluator(gm, example_inputs))
         for op, n in report.substituted.items():
             found["substituted"][op] = found["substituted"].get(op, 0) + n
         found["kept"].update(report.skipped)

@@ -1,6 +1,6 @@
 """The ATen decompositions AOTAutograd applies before torch-mlir imports a graph: core
 ATen, plus the ops torch-mlir cannot legalize to StableHLO that have an exact
-decomposition (batch and group norm variants, ``EmbeddingBag`` with sum pooling)."""
+decomposition (batch norm variants, ``EmbeddingBag`` with sum pooling)."""
 
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
@@ -28,7 +28,7 @@ def table():
     d = dict(core_aten_decompositions())
     d.update(get_decompositions([
         aten._native_batch_norm_legit_no_training, aten._native_batch_norm_legit,
-        aten.native_batch_norm, aten.native_group_norm,
+        aten.native_batch_norm,
     ]))
     d[aten._embedding_bag.default] = _embedding_bag_sum
     d[aten._embedding_bag_forward_only.default] = _embedding_bag_sum

@@ -16,6 +16,7 @@ module and the StableHLO pipeline runs in ``torch-mlir-opt``.
 import os
 import re
 import subprocess
+import sys
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
@@ -273,13 +274,18 @@ def to_stablehlo(gm: torch.fx.GraphModule) -> Tuple[str, List[str]]:
 
 def _first_line_of_interest(message: str) -> str:
     """The op torch-mlir could not lower, or its first error line."""
-    m = re.search(r"failed to legalize operation '([\w.]+)'", message)
-    if m:
+    if os.environ.get("TESSERA_LOG") == "debug":
+        print(message, file=sys.stderr)
+    names = []
+    for m in re.finditer(r"failed to legalize operation '([\w.]+)'(.*)", message):
         name = m.group(1)
         if name == "torch.operator":
-            op = re.search(r'name = "torch\.([\w.]+)"', message)
+            op = re.search(r'name = "torch\.([\w.]+)"', m.group(2))
             name = op.group(1) if op else name
-        return f"torch-mlir cannot lower {name.removeprefix('torch.')} to StableHLO"
+        names.append(name.removeprefix("torch."))
+    if names:  # an ATen op is the cause; constants that feed it fail after it
+        name = next((n for n in names if n.startswith("aten.")), names[0])
+        return f"torch-mlir cannot lower {name} to StableHLO"
     for line in message.splitlines():
         if "error" in line:
             return line.strip()

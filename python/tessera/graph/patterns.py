@@ -343,29 +343,17 @@ def _swiglu(graph, report):
         _replace(graph, n, torch.ops.tessera.swiglu, (gate, b), report, "swiglu")
 
 
-def substitute(gm: torch.fx.GraphModule, constants: Callable, training: bool) -> Report:
+def substitute(gm: torch.fx.GraphModule, constants: Callable) -> Report:
     """Runs every pass on ``gm`` in place. ``constants(node)`` gives a node's value when
-    it depends only on constants and buffers (else None). In training graphs only
-    attention is substituted: the other ops' backward is plain PyTorch math on saved
-    inputs, which AOTAutograd traces better from the original pattern."""
+    it depends only on constants and buffers (else None)."""
     report = Report()
     graph = gm.graph
     _attention(graph, report, constants)
-    if training:
-        report.skipped.update({p: "training graph: only attention is substituted" for p in
-                               ("rms_norm", "layer_norm", "softmax", "silu(a) * b") if _present(graph, p)})
-    else:
-        _rms_norm(graph, report)
-        _layer_norm(graph, report)
-        _softmax(graph, report)
-        _swiglu(graph, report)
+    _rms_norm(graph, report)
+    _layer_norm(graph, report)
+    _softmax(graph, report)
+    _swiglu(graph, report)
     _prune(graph, report.replaced)
     graph.lint()
     gm.recompile()
     return report
-
-
-def _present(graph, pattern: str) -> bool:
-    targets = {"rms_norm": (_RMS_NORM, None), "layer_norm": (_LAYER_NORM, None),
-               "softmax": (_SOFTMAX, "softmax"), "silu(a) * b": (_SILU, None)}[pattern]
-    return any(_is(n, *targets) for n in graph.nodes)

@@ -1,0 +1,310 @@
+"""Graph mode: ``torch.compile(model, backend="tessera")`` against eager PyTorch on the
+model zoo (outputs, training losses and gradients), every attention/norm form the
+substitution passes take (and the ones they must not), caching, fallbacks, dynamic
+shapes, dumps and the debug log."""
+
+import importlib.metadata
+import os
+import pathlib
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import tessera
+from tessera.graph import GraphModeError
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
+sys.path.insert(0, str(EXAMPLES))
+from models import ZOO, build  # noqa: E402
+from models import llama as llama_mod  # noqa: E402
+from models import mingpt  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    torch._dynamo.reset()
+    tessera.reset_graph_stats()
+    yield
+    torch._dynamo.reset()
+
+
+def compiled(model):
+    return torch.compile(model, backend="tessera")
+
+
+def test_backend_is_registered_and_declared_as_an_entry_point():
+    assert "tessera" in torch._dynamo.list_backends()
+    names = importlib.metadata.entry_points(group="torch_dynamo_backends").names
+    assert "tessera" in names
+
+
+# ---- the model zoo ----------------------------------------------------------------------
+
+EXPECTED_KERNELS = {
+    "mingpt": {"flash_attention", "layer_norm"},
+    "llama": {"flash_attention", "rms_norm", "swiglu"},
+    "resnet18": set(),
+    "unet": set(),
+    "dlrm": set(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_zoo_model_matches_eager(name):
+    model, inputs = build(name)
+    with torch.no_grad():
+        want = model(*inputs)
+        got = compiled(model)(*inputs)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    stats = tessera.graph_stats()
+    assert stats["graphs"] == 1, stats
+    assert stats["fallbacks"] == {}, stats
+    assert set(stats["kernels"]) == EXPECTED_KERNELS[name], stats
+
+
+def test_mingpt_trains_like_eager():
+    torch.manual_seed(0)
+    ours, theirs = mingpt.GPT(), mingpt.GPT()
+    theirs.load_state_dict(ours.state_dict())
+    forward = compiled(ours)
+    x, y = next(mingpt.batches())
+    F.cross_entropy(forward(x).flatten(0, 1), y.flatten()).backward()
+    F.cross_entropy(theirs(x).flatten(0, 1), y.flatten()).backward()
+    for (name, p), q in zip(ours.named_parameters(), theirs.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
+    a = mingpt.train(ours, lambda x, y: F.cross_entropy(forward(x).flatten(0, 1), y.flatten()), steps=4)
+    b = mingpt.train(theirs, steps=4)
+    assert a[-1] < a[0]
+    for step, (x, y) in enumerate(zip(a, b)):
+        assert abs(x - y) <= 1e-4 * max(1.0, abs(y)), f"step {step}: tessera {x} vs eager {y}"
+    stats = tessera.graph_stats()
+    assert stats["kernels"].get("flash_attention_bwd", 0) >= 1 and "layer_norm" in stats["kernels"], stats
+    assert stats["fallbacks"] == {}, stats
+
+
+def test_llama_gradients_match_eager():
+    model, (ids,) = build("llama")
+    model.train()
+    compiled(model)(ids).square().mean().backward()
+    ours = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(ids).square().mean().backward()
+    for (name, p), g in zip(model.named_parameters(), ours):
+        torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_llama_prefill_and_decode_match_eager():
+    model, (ids,) = build("llama")
+    want = llama_mod.generate(model, ids[:, :8], steps=3)
+    # dynamic=False: one static graph per length (else Dynamo turns the growing length
+    # dynamic after the first recompile, and graph mode runs that graph eagerly).
+    got = llama_mod.generate(torch.compile(model, backend="tessera", dynamic=False), ids[:, :8], steps=3)
+    assert torch.equal(got, want)
+    assert tessera.graph_stats()["graphs"] == 3  # one graph per length (the last token needs none)
+
+
+def test_bf16_model_matches_eager():
+    model, (ids,) = build("llama")
+    model = model.to(torch.bfloat16)
+    with torch.no_grad():
+        want = model(ids).float()
+        got = compiled(model)(ids).float()
+    assert (got - want).abs().max() <= 0.05 * want.abs().max()
+    assert "flash_attention" in tessera.graph_stats()["kernels"]
+
+
+# ---- substitution patterns --------------------------------------------------------------
+
+
+class Attention(nn.Module):
+    """SDPA in one of the forms real models write it."""
+
+    def __init__(self, form, heads=4, kv_heads=2, seq=16):
+        super().__init__()
+        self.form, self.n = form, heads // kv_heads
+        self.register_buffer("tril", torch.tril(torch.ones(seq, seq, dtype=torch.bool)))
+        self.register_buffer("band", torch.ones(seq, seq, dtype=torch.bool).tril().triu(-2))
+
+    def forward(self, q, k, v):
+        sq = q.shape[2]
+        f = self.form
+        if f == "is_causal":
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        if f == "scale":
+            return F.scaled_dot_product_attention(q, k, v, scale=0.3, enable_gqa=True)
+        if f == "repeat_interleave":
+            return F.scaled_dot_product_attention(q, k.repeat_interleave(self.n, dim=1),
+                                                  v.repeat_interleave(self.n, dim=1), is_causal=True)
+        if f == "expand_reshape":
+            b, h, s, d = k.shape
+            k = k[:, :, None].expand(b, h, self.n, s, d).reshape(b, h * self.n, s, d)
+            v = v[:, :, None].expand(b, h, self.n, s, d).reshape(b, h * self.n, s, d)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if f == "bool_mask_buffer":
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=self.tril[:sq, :sq], enable_gqa=True)
+        if f == "additive_mask":
+            mask = torch.full((sq, sq), float("-inf")).triu(1)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        if f == "band_mask":  # not causal: must stay plain StableHLO
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=self.band[:sq, :sq], enable_gqa=True)
+        if f == "input_mask":  # depends on an input: must stay plain StableHLO
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=q[0, 0] @ k[0, 0].T > 0, enable_gqa=True)
+        raise ValueError(f)
+
+
+@pytest.mark.parametrize("form", ["is_causal", "scale", "repeat_interleave", "expand_reshape",
+                                  "bool_mask_buffer", "additive_mask", "band_mask", "input_mask"])
+def test_attention_forms(form):
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, 16, 8), torch.randn(2, 2, 16, 8), torch.randn(2, 2, 16, 8)
+    model = Attention(form)
+    with torch.no_grad():
+        want = model(q, k, v)
+        got = compiled(model)(q, k, v)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    stats = tessera.graph_stats()
+    if form in ("band_mask", "input_mask"):
+        assert "flash_attention" not in stats["kernels"], stats
+        assert "scaled_dot_product_attention" in stats["fallbacks"], stats
+    else:
+        assert stats["kernels"] == {"flash_attention": 1}, stats
+
+
+class Norms(nn.Module):
+    def __init__(self, form, dim=24):
+        super().__init__()
+        self.form, self.norm, self.w = form, nn.RMSNorm(dim, eps=1e-6), nn.Parameter(torch.rand(dim) + 0.5)
+
+    def forward(self, x):
+        if self.form == "module":
+            return self.norm(x)
+        if self.form == "functional":
+            return F.rms_norm(x, (x.shape[-1],), self.w, 1e-6)
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w
+
+
+@pytest.mark.parametrize("form", ["module", "functional", "hand_written"])
+def test_rms_norm_forms(form):
+    model, x = Norms(form), torch.randn(3, 5, 24)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(model)(x), model(x), rtol=1e-5, atol=1e-5)
+    assert tessera.graph_stats()["kernels"] == {"rms_norm": 1}
+
+
+def test_softmax_layer_norm_and_swiglu_are_substituted():
+    ln = nn.LayerNorm(32)
+
+    def f(x, g, u):
+        return torch.softmax(ln(x), -1), F.silu(g) * u
+
+    x, g, u = torch.randn(7, 32), torch.randn(5, 48), torch.randn(5, 48)
+    with torch.no_grad():
+        got, want = compiled(f)(x, g, u), f(x, g, u)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert tessera.graph_stats()["kernels"] == {"layer_norm": 1, "softmax": 1, "swiglu": 1}
+
+
+def test_softmax_over_another_dim_is_not_substituted():
+    x = torch.randn(6, 10)
+    torch.testing.assert_close(compiled(lambda t: torch.softmax(t, 0))(x), torch.softmax(x, 0))
+    stats = tessera.graph_stats()
+    assert stats["kernels"] == {} and "not the last" in stats["fallbacks"]["softmax"]
+
+
+def test_explain_graph_prints_what_would_be_substituted(capsys):
+    model, inputs = build("llama")
+    with torch.no_grad():
+        found = tessera.explain_graph(model, *inputs)
+    assert found["substituted"] == {"flash_attention": 2, "rms_norm": 5, "swiglu": 2}
+    assert "substituted: flash_attention x2" in capsys.readouterr().out
+
+
+# ---- caching, fallbacks, dynamic shapes, observability ----------------------------------
+
+
+def test_recompiling_the_same_graph_hits_the_memory_cache():
+    model, inputs = build("resnet18")
+    with torch.no_grad():
+        compiled(model)(*inputs)
+        first = tessera.graph_stats()["cache_hits"]["memory"]
+        torch._dynamo.reset()
+        compiled(model)(*inputs)
+    stats = tessera.graph_stats()
+    assert stats["graphs"] == 2 and stats["cache_hits"]["memory"] == first + 1, stats
+
+
+def test_a_new_process_loads_the_executable_from_disk(tmp_path):
+    script = (
+        "import sys, torch, tessera; sys.path.insert(0, %r)\n"
+        "from models import build\n"
+        "m, x = build('mingpt')\n"
+        "with torch.no_grad(): torch.compile(m, backend='tessera')(*x)\n"
+        "print(tessera.graph_stats()['cache_hits'])\n" % str(EXAMPLES)
+    )
+    env = {**os.environ, "TESSERA_CACHE_DIR": str(tmp_path)}
+    runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+            for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr[-2000:]
+    assert runs[0].stdout.strip().endswith("{'memory': 0, 'disk': 0}"), runs[0].stdout
+    assert runs[1].stdout.strip().endswith("{'memory': 0, 'disk': 1}"), runs[1].stdout
+
+
+def unsupported(x):
+    return torch.fft.rfft(x).abs() + 1
+
+
+def test_an_op_torch_mlir_cannot_lower_runs_eagerly_with_a_warning():
+    x = torch.randn(4, 8)
+    with pytest.warns(UserWarning, match=r"runs eagerly: torch-mlir cannot lower aten._fft_r2c"):
+        got = compiled(unsupported)(x)
+    torch.testing.assert_close(got, unsupported(x))
+    assert list(tessera.graph_stats()["fallbacks"].values()) == ["torch-mlir cannot lower aten._fft_r2c to StableHLO"]
+
+
+def test_strict_mode_makes_a_fallback_an_error(monkeypatch):
+    monkeypatch.setenv("TESSERA_GRAPH_STRICT", "1")
+    with pytest.raises(Exception, match="aten._fft_r2c") as info:
+        compiled(unsupported)(torch.randn(4, 8))
+    assert GraphModeError.__name__ in str(info.value)  # Dynamo wraps backend errors
+
+
+def test_dynamic_shapes_are_refused_with_a_clear_message():
+    f = torch.compile(lambda x: torch.relu(x) * 2, backend="tessera", dynamic=True)
+    with pytest.warns(UserWarning, match="dynamic shapes are not supported"):
+        for n in (3, 5, 9):
+            x = torch.randn(n, 4)
+            torch.testing.assert_close(f(x), torch.relu(x) * 2)
+
+
+def test_dump_and_debug_log(tmp_path, monkeypatch, capfd):
+    monkeypatch.setenv("TESSERA_DUMP", str(tmp_path))
+    monkeypatch.setenv("TESSERA_LOG", "debug")
+    model, inputs = build("llama")
+    with torch.no_grad():
+        compiled(model)(*inputs)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    for suffix in ("fx_before.py", "fx_after.py", "forward.stablehlo.mlir", "forward.summary.txt"):
+        assert any(n.endswith(suffix) for n in names), names
+    text = next(p for p in tmp_path.iterdir() if p.name.endswith(".stablehlo.mlir")).read_text()
+    assert text.count("@tessera_op") == 9  # 2 attention + 5 norms + 2 swiglu
+    assert "Tessera kernels (flash_attention, rms_norm, swiglu)" in capfd.readouterr().err
+
+
+def test_int64_bool_and_multiple_outputs_cross_the_boundary():
+    def f(ids, flags, x):
+        return ids * 2 + 1, flags & (x > 0), x.sum(0)
+
+    args = (torch.arange(12).reshape(3, 4), torch.rand(3, 4) > 0.5, torch.randn(3, 4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = compiled(f)(*args)
+    for a, b in zip(got, f(*args)):
+        assert a.dtype == b.dtype
+        torch.testing.assert_close(a, b)
