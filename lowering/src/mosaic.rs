@@ -74,10 +74,20 @@ pub fn lower_body(kernel: &Kernel, limits: &TpuLimits) -> Result<String, TpuRule
     Ok(Emitter::new(kernel).module())
 }
 
+/// Checks the TPU rules, then returns the `backend_config` JSON of the
+/// `tpu_custom_call` that runs the kernel: its Mosaic body, base64-encoded as text.
+pub fn custom_call_config(kernel: &Kernel, limits: &TpuLimits) -> Result<String, TpuRuleError> {
+    let body = lower_body(kernel, limits)?;
+    Ok(format!(
+        r#"{{"custom_call_config": {{"body": "{}", "needs_layout_passes": true}}}}"#,
+        base64(body.as_bytes())
+    ))
+}
+
 /// Checks the TPU rules, then emits the StableHLO module whose `main` calls the kernel
 /// through `stablehlo.custom_call @tpu_custom_call`, as JAX does.
 pub fn lower(kernel: &Kernel, limits: &TpuLimits) -> Result<String, TpuRuleError> {
-    let body = lower_body(kernel, limits)?;
+    let config = custom_call_config(kernel, limits)?.replace('"', "\\22");
     let tensor = |t: &TensorType| {
         let mut s = String::from("tensor<");
         for d in &t.shape {
@@ -101,10 +111,6 @@ pub fn lower(kernel: &Kernel, limits: &TpuLimits) -> Result<String, TpuRuleError
     let args: Vec<String> = (0..inputs.len()).map(|i| format!("%arg{i}")).collect();
     let in_types: Vec<String> = inputs.iter().map(tensor).collect();
     let out_types: Vec<String> = outputs.iter().map(tensor).collect();
-    let config = format!(
-        "{{\\22custom_call_config\\22: {{\\22body\\22: \\22{}\\22, \\22needs_layout_passes\\22: true}}}}",
-        base64(body.as_bytes())
-    );
     let results = if outputs.len() == 1 {
         "%0".to_string()
     } else {

@@ -12,6 +12,7 @@ use runtime::cache::Source;
 use runtime::pjrt::{Element, Executable, HostBuffer};
 
 use crate::{run_op, Buffer};
+use kernels::{find, Params};
 
 /// The XLA backend, or why it cannot be used.
 fn xla() -> PyResult<&'static runtime::xla::Xla> {
@@ -102,6 +103,27 @@ fn custom_calls_unavailable() -> Option<String> {
     }
 }
 
+/// The `backend_config` JSON of the `tpu_custom_call` that runs library op `op` with
+/// `params` (its Mosaic body; the TPU rules are checked first), and the kernel's name.
+#[pyfunction]
+fn tpu_custom_call_config(op: &str, params: Vec<String>) -> PyResult<(String, String)> {
+    let k = find(op).ok_or_else(|| PyValueError::new_err(format!("unknown kernel `{op}`")))?;
+    let p = Params::parse(k.params(), &params).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let kernels = k
+        .build(&p)
+        .map_err(|e| PyValueError::new_err(format!("{op} {p}: {e}")))?;
+    let [kernel] = kernels.as_slice() else {
+        return Err(PyValueError::new_err(format!(
+            "{op} runs {} kernels; TPU export takes single-kernel ops",
+            kernels.len()
+        )));
+    };
+    let limits = lowering::tpu_rules::TpuLimits::default();
+    let config = lowering::mosaic::custom_call_config(kernel, &limits)
+        .map_err(|e| PyValueError::new_err(format!("{op} {p}: {e}")))?;
+    Ok((config, kernel.name.clone()))
+}
+
 /// Runs one `tessera_op` custom call: the library op `op` with `params`
 /// (comma-separated `name=value`) on XLA's buffers, natively, or in the interpreter
 /// when the native backend declines it (never on XLA: this already runs inside an XLA
@@ -132,5 +154,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<GraphExecutable>()?;
     m.add_function(wrap_pyfunction!(graph_compile, m)?)?;
     m.add_function(wrap_pyfunction!(custom_calls_unavailable, m)?)?;
+    m.add_function(wrap_pyfunction!(tpu_custom_call_config, m)?)?;
     Ok(())
 }

@@ -21,7 +21,7 @@ import torch
 from . import _tessera
 
 __all__ = ["backend", "disable_sdpa_override", "enable_sdpa_override", "explain",
-           "explain_graph", "graph_stats", "reset_graph_stats"]
+           "explain_graph", "export", "graph_stats", "reset_graph_stats"]
 
 _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 _state = threading.local()
@@ -411,7 +411,7 @@ def disable_sdpa_override():
 
 # ---- graph mode: torch.compile(model, backend="tessera") ----------------------------
 
-from .graph import explain_graph, graph_stats, reset_graph_stats, tessera_backend  # noqa: E402
+from .graph import explain_graph, export, graph_stats, reset_graph_stats, tessera_backend  # noqa: E402
 
 
 def _register_backend():

@@ -308,3 +308,33 @@ def test_int64_bool_and_multiple_outputs_cross_the_boundary():
     for a, b in zip(got, f(*args)):
         assert a.dtype == b.dtype
         torch.testing.assert_close(a, b)
+
+
+# ---- TPU export -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name,kernels", [("llama", 9), ("mingpt", 7)])
+def test_tpu_export_compiles_for_a_device_free_v5e(name, kernels, tmp_path):
+    model, inputs = build(name)
+    path = tmp_path / f"{name}.tpu.mlir"
+    text = tessera.export(model, *inputs, target="tpu", path=path)
+    assert text.count("stablehlo.custom_call @tpu_custom_call") == kernels
+    assert "tessera_op" not in text and "dense_resource" not in text
+    checker = pathlib.Path(__file__).with_name("tpu_compile.py")
+    r = subprocess.run([sys.executable, str(checker), str(path)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and f"({kernels} Mosaic kernels) for v5e:2x2" in r.stdout, r.stdout + r.stderr[-2000:]
+
+
+def test_tpu_export_names_the_kernel_the_tpu_rules_reject():
+    class Half(nn.Module):
+        def forward(self, x):
+            return torch.softmax(x, -1)
+
+    with pytest.raises(GraphModeError, match="TPU: .*softmax"):
+        tessera.export(Half(), torch.randn(8, 128, dtype=torch.float16), target="tpu")
+
+
+def test_cpu_export_is_the_module_graph_mode_runs():
+    model, inputs = build("llama")
+    text = tessera.export(model, *inputs, target="cpu")
+    assert text.count("@tessera_op") == 9

@@ -27,7 +27,7 @@ from .. import _tessera
 from . import decompositions, lower, patterns
 from .lower import LoweringError
 
-__all__ = ["GraphModeError", "explain_graph", "graph_stats", "reset_graph_stats", "tessera_backend"]
+__all__ = ["GraphModeError", "explain_graph", "export", "graph_stats", "reset_graph_stats", "tessera_backend"]
 
 
 class GraphModeError(RuntimeError):
@@ -253,3 +253,52 @@ def explain_graph(model, *args, **kwargs) -> Dict:
     for pattern, why in sorted(found["kept"].items()):
         print(f"kept as plain StableHLO: {pattern}: {why}")
     return found
+
+
+def export(model, *args, target: str = "tpu", path=None) -> str:
+    """The whole-model StableHLO of ``model(*args)`` (inference, one graph) with the
+    substituted Tessera kernels as ``tpu_custom_call``s carrying their Mosaic bodies
+    (``target="tpu"``) or as ``tessera_op`` calls to the native kernels (``"cpu"``).
+    The module's arguments are the model's parameters and buffers (in
+    ``named_parameters()``/``named_buffers()`` order as Dynamo lifts them), then
+    ``args``. Written to ``path`` if given. A Tessera op the TPU rules reject, or an op
+    torch-mlir cannot lower, raises ``GraphModeError`` naming it."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    if target not in ("tpu", "cpu"):
+        raise ValueError(f"export: target must be 'tpu' or 'cpu', got {target!r}")
+    texts = []
+
+    def forward_compiler(gm, example_inputs):
+        try:
+            lower.lift_constants(gm)
+            _prepare(gm)
+            texts.append(lower.to_stablehlo(gm, target)[0])
+        except LoweringError as e:
+            raise GraphModeError(f"export: {e}") from None
+        return make_boxed_func(gm.forward)
+
+    def backend(gm, example_inputs):
+        patterns.substitute(gm, _constant_evaluator(gm, example_inputs))
+        return aot_autograd(fw_compiler=forward_compiler, decompositions=decompositions.table())(gm, example_inputs)
+
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            torch.compile(model, backend=backend, fullgraph=True)(*args)
+    except Exception as e:
+        cause, seen = e, set()
+        while cause is not None and id(cause) not in seen:  # Dynamo wraps backend errors
+            if isinstance(cause, GraphModeError):
+                raise cause from None
+            seen.add(id(cause))
+            cause = getattr(cause, "inner_exception", None) or cause.__cause__ or cause.__context__
+        raise
+    finally:
+        torch._dynamo.reset()
+    if len(texts) != 1:
+        raise GraphModeError(f"export: expected one graph, Dynamo produced {len(texts)}")
+    if path is not None:
+        with open(path, "w") as f:
+            f.write(texts[0])
+    return texts[0]

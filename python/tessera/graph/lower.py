@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from .. import _attention_params, _DTYPES
+from .. import _attention_params, _DTYPES, _tessera
 
 TARGET = "tessera_op"
 
@@ -152,7 +152,41 @@ def _walk(op, out):
     return out
 
 
-def _replace_operators(module, calls: List[KernelCall]):
+def _custom_call(ir, call: KernelCall, operands, target: str):
+    """The custom call running ``call``: ``tessera_op`` (CPU: the native kernel through
+    XLA FFI) or ``tpu_custom_call`` (TPU: the kernel's Mosaic body)."""
+    results = [ir.Type.parse(_tensor_type(s, e)) for s, e in call.outputs]
+    if target == "cpu":
+        config = f'{{op = "{call.kernel}", params = "{call.params_text()}"}}'
+        attributes = {
+            "call_target_name": ir.StringAttr.get(TARGET),
+            "api_version": ir.IntegerAttr.get(ir.IntegerType.get_signless(32), 4),
+            "backend_config": ir.Attribute.parse(config),
+        }
+    else:
+        try:
+            config, name = _tessera.tpu_custom_call_config(
+                call.kernel, [f"{k}={v}" for k, v in call.params.items()])
+        except ValueError as e:
+            raise LoweringError(f"TPU: {e}") from None
+
+        def layouts(shapes):
+            return ir.ArrayAttr.get([ir.Attribute.parse(
+                f"dense<[{', '.join(str(d) for d in reversed(range(len(s))))}]> : tensor<{len(s)}xindex>")
+                for s in shapes])
+
+        attributes = {
+            "call_target_name": ir.StringAttr.get("tpu_custom_call"),
+            "backend_config": ir.StringAttr.get(config),
+            "kernel_name": ir.StringAttr.get(name),
+            "operand_layouts": layouts([s for _, s in call.inputs]),
+            "result_layouts": layouts([s for s, _ in call.outputs]),
+        }
+    return ir.Operation.create("stablehlo.custom_call", results=results, operands=operands,
+                               attributes=attributes)
+
+
+def _replace_operators(module, calls: List[KernelCall], target: str):
     """Replaces the i-th ``torch.operator`` with the i-th custom call."""
     from torch_mlir import ir
 
@@ -177,17 +211,7 @@ def _replace_operators(module, calls: List[KernelCall]):
                 if dims != list(shape):
                     value = ir.Operation.create("stablehlo.reshape", results=[ir.Type.parse(want)], operands=[value]).result
                 operands.append(value)
-            config = f'{{op = "{call.kernel}", params = "{call.params_text()}"}}'
-            custom = ir.Operation.create(
-                "stablehlo.custom_call",
-                results=[ir.Type.parse(_tensor_type(s, e)) for s, e in call.outputs],
-                operands=operands,
-                attributes={
-                    "call_target_name": ir.StringAttr.get(TARGET),
-                    "api_version": ir.IntegerAttr.get(ir.IntegerType.get_signless(32), 4),
-                    "backend_config": ir.Attribute.parse(config),
-                },
-            )
+            custom = _custom_call(ir, call, operands, target)
             for result, j in zip(o.results, call.results):
                 value = custom.results[j]
                 builtin = _builtin_type(str(result.type))
@@ -225,9 +249,10 @@ def _stablehlo_pipeline(text: str) -> str:
     return r.stdout
 
 
-def to_stablehlo(gm: torch.fx.GraphModule) -> Tuple[str, List[str]]:
+def to_stablehlo(gm: torch.fx.GraphModule, target: str = "cpu") -> Tuple[str, List[str]]:
     """The StableHLO text of a functional ATen graph whose inputs are all tensors, and
-    the library op name of each custom call in it."""
+    the library op name of each custom call in it. ``target`` is ``cpu`` (Tessera ops
+    as ``tessera_op`` FFI calls) or ``tpu`` (as ``tpu_custom_call``s)."""
     from torch_mlir import fx, ir
     from torch_mlir._mlir_libs import _stablehlo
     from torch_mlir.compiler_utils import OutputType, lower_mlir_module, run_pipeline_with_repro_report
@@ -249,7 +274,7 @@ def to_stablehlo(gm: torch.fx.GraphModule) -> Tuple[str, List[str]]:
         module = fx.stateless_fx_import(gm, output_type="raw", fx_importer=FxImporter(context=context))
         if calls:
             _stablehlo.register_dialect(module.context)
-            _replace_operators(module, calls)
+            _replace_operators(module, calls, target)
         run_pipeline_with_repro_report(
             module,
             "builtin.module(func.func(torch-match-quantized-custom-ops), "
@@ -269,7 +294,14 @@ def to_stablehlo(gm: torch.fx.GraphModule) -> Tuple[str, List[str]]:
         raise LoweringError(_first_line_of_interest("\n".join(diagnostics) + "\n" + str(e))) from None
     if "dense_resource" in text:
         raise LoweringError("the graph embeds a tensor constant XLA cannot take (dense_resource)")
-    return text, [c.kernel for c in calls]
+    return _stable_constants(text), [c.kernel for c in calls]
+
+
+def _stable_constants(text: str) -> str:
+    """torch-mlir leaves some tensor constants as ``arith.constant``; StableHLO's
+    portable form (what TPU compilers read) takes only ``stablehlo.constant``, which has
+    the same syntax."""
+    return re.sub(r"= arith\.constant (dense<[^>]*> : tensor<)", r"= stablehlo.constant \1", text)
 
 
 def _first_line_of_interest(message: str) -> str:
