@@ -15,33 +15,45 @@ fn site_package(repo: &Path, package: &str, file: &str) -> Option<PathBuf> {
     })
 }
 
-/// XLA FFI bindings (cfg `tessera_xla_ffi`) from `jaxlib/include/xla/ffi/api/c_api.h`.
-fn xla_ffi_bindings(repo: &Path) {
-    println!("cargo:rustc-check-cfg=cfg(tessera_xla_ffi)");
-    let file = "include/xla/ffi/api/c_api.h";
-    let Some(header) = site_package(repo, "jaxlib", file).map(|d| d.join(file)) else {
-        println!("cargo:warning=XLA FFI header not found (run `make setup`): XLA programs cannot call Tessera kernels");
-        return;
-    };
+/// Generates bindings for the types (and constants) named `prefix*` in `header` into
+/// `OUT_DIR/out` and sets `cfg`; warns `without` if bindgen fails.
+fn bindings(header: &Path, prefix: &str, out: &str, cfg: &str, without: &str) {
     println!("cargo:rerun-if-changed={}", header.display());
-    let bindings = bindgen::Builder::default()
+    let generated = bindgen::Builder::default()
         .header(header.to_string_lossy())
-        .allowlist_type("XLA_FFI_.*")
+        .allowlist_type(format!("{prefix}.*"))
+        .allowlist_var(format!("{prefix}.*"))
         .derive_default(true)
         .layout_tests(false)
         .generate_comments(false)
         .generate();
-    match bindings {
+    match generated {
         Ok(b) => {
-            let out = PathBuf::from(std::env::var("OUT_DIR").expect("set by cargo"))
-                .join("xla_ffi_api.rs");
-            b.write_to_file(&out).expect("OUT_DIR is writable");
-            println!("cargo:rustc-cfg=tessera_xla_ffi");
+            let path = PathBuf::from(std::env::var("OUT_DIR").expect("set by cargo")).join(out);
+            b.write_to_file(&path).expect("OUT_DIR is writable");
+            println!("cargo:rustc-cfg={cfg}");
         }
         Err(e) => println!(
-            "cargo:warning=bindgen failed on {}: {e}; XLA programs cannot call Tessera kernels",
+            "cargo:warning=bindgen failed on {}: {e}; {without}",
             header.display()
         ),
+    }
+}
+
+/// XLA FFI bindings (cfg `tessera_xla_ffi`) from `jaxlib/include/xla/ffi/api/c_api.h`.
+fn xla_ffi_bindings(repo: &Path) {
+    println!("cargo:rustc-check-cfg=cfg(tessera_xla_ffi)");
+    let file = "include/xla/ffi/api/c_api.h";
+    let without = "XLA programs cannot call Tessera kernels";
+    match site_package(repo, "jaxlib", file) {
+        Some(dir) => bindings(
+            &dir.join(file),
+            "XLA_FFI_",
+            "xla_ffi_api.rs",
+            "tessera_xla_ffi",
+            without,
+        ),
+        None => println!("cargo:warning=XLA FFI header not found (run `make setup`): {without}"),
     }
 }
 
@@ -69,7 +81,6 @@ fn main() {
         println!("cargo:warning=PJRT header not found (run `make setup`): the XLA backend is compiled out");
         return;
     };
-    println!("cargo:rerun-if-changed={}", header.display());
     let plugin = std::env::var_os("TESSERA_PJRT_PLUGIN")
         .map(PathBuf::from)
         .or_else(|| dir.as_ref().map(|d| d.join("xla_cpu_pjrt.so")))
@@ -78,24 +89,11 @@ fn main() {
         "cargo:rustc-env=TESSERA_DEFAULT_PJRT_PLUGIN={}",
         plugin.display()
     );
-    let bindings = bindgen::Builder::default()
-        .header(header.to_string_lossy())
-        .allowlist_type("PJRT_.*")
-        .allowlist_var("PJRT_.*")
-        .derive_default(true)
-        .layout_tests(false)
-        .generate_comments(false)
-        .generate();
-    match bindings {
-        Ok(b) => {
-            let out = PathBuf::from(std::env::var("OUT_DIR").expect("set by cargo"))
-                .join("pjrt_c_api.rs");
-            b.write_to_file(&out).expect("OUT_DIR is writable");
-            println!("cargo:rustc-cfg=tessera_pjrt");
-        }
-        Err(e) => println!(
-            "cargo:warning=bindgen failed on {}: {e}; the XLA backend is compiled out",
-            header.display()
-        ),
-    }
+    bindings(
+        &header,
+        "PJRT_",
+        "pjrt_c_api.rs",
+        "tessera_pjrt",
+        "the XLA backend is compiled out",
+    );
 }

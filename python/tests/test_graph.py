@@ -338,3 +338,14 @@ def test_cpu_export_is_the_module_graph_mode_runs():
     model, inputs = build("llama")
     text = tessera.export(model, *inputs, target="cpu")
     assert text.count("@tessera_op") == 9
+
+
+def test_export_command_line(tmp_path):
+    out = tmp_path / "llama.mlir"
+    r = subprocess.run([sys.executable, "-m", "tessera", "export", "models:llama_for_export", "--path", str(EXAMPLES),
+                        "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "wrote" in r.stderr and out.read_text().count("@tpu_custom_call") == 9
+    r = subprocess.run([sys.executable, "-m", "tessera", "export", "models:nope", "--path", str(EXAMPLES)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "cannot load models:nope" in r.stderr

@@ -1,7 +1,7 @@
-"""Graph-mode benchmark (not a test): every zoo model's forward under eager PyTorch,
-``torch.compile`` (Inductor) and ``torch.compile(backend="tessera")`` in one process,
-the minGPT training step likewise, and tessera's compile times (cold, memory-warm,
-disk-warm). Medians of ``--runs`` calls after warm-up; ratios below 1 mean tessera is
+"""Graph-mode benchmark (not a test): every zoo model's forward (at ``BENCH`` sizes)
+under eager PyTorch, ``torch.compile`` (Inductor) and ``torch.compile(backend="tessera")``
+in one process, the minGPT training step likewise, and tessera's compile times (cold,
+memory-warm, disk-warm). Medians of ``--runs`` calls after warm-up; ratios below 1 mean tessera is
 faster.
 
     .venv/bin/python python/examples/models/bench.py [--runs 20] [--models mingpt,llama]
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import tessera  # noqa: E402
-from models import ZOO, build, mingpt  # noqa: E402
+from models import BENCH, ZOO, build, mingpt  # noqa: E402
 
 
 def median_ms(f, runs):
@@ -36,7 +36,7 @@ def median_ms(f, runs):
 
 
 def forward_row(name, runs):
-    model, inputs = build(name)
+    model, inputs = build(name, size="bench")
     out = {}
     with torch.no_grad():
         for label, fn in (("eager", model),
@@ -52,11 +52,12 @@ def train_row(runs):
     for label in ("eager", "inductor", "tessera"):
         torch._dynamo.reset()
         torch.manual_seed(0)
-        model = mingpt.GPT()
+        model_args, input_args = BENCH["mingpt"]
+        model = mingpt.GPT(**model_args)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         forward = {"eager": model, "inductor": torch.compile(model),
                    "tessera": torch.compile(model, backend="tessera")}[label]
-        x, y = next(mingpt.batches())
+        x, y = next(mingpt.batches(**input_args))
 
         def step():
             loss = F.cross_entropy(forward(x).flatten(0, 1), y.flatten())
@@ -72,7 +73,7 @@ COMPILE_SCRIPT = """
 import sys, time, torch, tessera
 sys.path.insert(0, {examples!r})
 from models import build
-m, x = build({name!r})
+m, x = build({name!r}, size="bench")
 with torch.no_grad():
     t = time.perf_counter(); torch.compile(m, backend='tessera')(*x); first = time.perf_counter() - t
     torch._dynamo.reset()

@@ -63,8 +63,8 @@ def batches(batch=4, block=32, seed=0):
         yield x, y
 
 
-def gpt_inputs():
-    return (next(batches())[0],)
+def gpt_inputs(batch=4, block=32):
+    return (next(batches(batch, block))[0],)
 
 
 def train(model, step_fn=None, steps=5, lr=3e-3, seed=0):

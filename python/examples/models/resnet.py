@@ -38,8 +38,8 @@ class ResNet(nn.Module):
         return self.fc(x.mean(dim=(2, 3)))
 
 
-def resnet18():
-    model = ResNet()
+def resnet18(**kwargs):
+    model = ResNet(**kwargs)
     # Non-trivial running statistics, so eval-mode batch norm is tested for real.
     g = torch.Generator().manual_seed(2)
     for m in model.modules():

@@ -30,5 +30,5 @@ class UNet(nn.Module):
         return self.head(a)
 
 
-def unet_inputs(batch=2):
-    return (torch.randn(batch, 3, 32, 32, generator=torch.Generator().manual_seed(4)),)
+def unet_inputs(batch=2, size=32):
+    return (torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(4)),)

@@ -223,7 +223,8 @@ def tessera_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     report = patterns.substitute(gm, _constant_evaluator(gm, example_inputs))
     _dump(f"g{graph_id}.fx_after.py", gm.code)
     _stats["fallbacks"].update(report.skipped)
-    _debug(f"g{graph_id}: substituted {report.substituted or 'nothing'}"
+    shapes = [tuple(t.shape) for t in example_inputs if isinstance(t, torch.Tensor)]
+    _debug(f"g{graph_id}: new graph for input shapes {shapes}; substituted {report.substituted or 'nothing'}"
            + (f"; kept {report.skipped}" if report.skipped else ""))
 
     def compiler(kind):
