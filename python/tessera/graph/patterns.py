@@ -104,8 +104,10 @@ def _unrepeated_kv(n):
     """The k/v a GQA repeat was made from, or None. Recognises ``repeat_interleave(n,
     dim=1)`` and repeat_kv's ``x[:, :, None].expand(b, h, n, s, d).reshape(b, h*n, s, d)``."""
     if _is(n, {torch.repeat_interleave}, "repeat_interleave"):
-        src, dim = n.args[0], _arg(n, 2, "dim")
-        if dim == 1 and _val(src) is not None and _val(src).dim() == 4:
+        src, repeats, dim = n.args[0], _arg(n, 1, "repeats"), _arg(n, 2, "dim")
+        sv, nv = _val(src), _val(n)
+        if dim == 1 and isinstance(repeats, int) and sv is not None and nv is not None and sv.dim() == 4 \
+                and nv.shape[1] == sv.shape[1] * repeats:
             return src
         return None
     if not _is(n, {torch.reshape}, "reshape") and not _is(n, set(), "view"):
@@ -113,13 +115,17 @@ def _unrepeated_kv(n):
     expand = n.args[0]
     if not _is(expand, set(), "expand"):
         return None
-    src = expand.args[0]
-    while _is(src, {operator.getitem, torch.unsqueeze}, "unsqueeze") and _val(src.args[0]) is not None:
-        src = src.args[0]
-        if _val(src).dim() == 4:
-            break
+    unsqueezed = expand.args[0]
+    full = slice(None)
+    if _is(unsqueezed, {operator.getitem}) and unsqueezed.args[1] in (
+            (full, full, None), (full, full, None, Ellipsis), (full, full, None, full, full)):
+        src = unsqueezed.args[0]
+    elif _is(unsqueezed, {torch.unsqueeze}, "unsqueeze") and _arg(unsqueezed, 1, "dim") == 2:
+        src = unsqueezed.args[0]
+    else:
+        return None
     ev, sv, nv = _val(expand), _val(src), _val(n)
-    if None in (ev, sv, nv) or sv.dim() != 4 or ev.dim() != 5:
+    if any(v is None for v in (ev, sv, nv)) or sv.dim() != 4 or ev.dim() != 5:
         return None
     b, h, s, d = sv.shape
     if tuple(ev.shape) != (b, h, ev.shape[2], s, d) or tuple(nv.shape) != (b, h * ev.shape[2], s, d):
@@ -316,7 +322,7 @@ def _softmax(graph, report):
         why = _float_rows(x)
         if why is None and dim not in (-1, _val(x).dim() - 1):
             why = f"dim={dim} is not the last"
-        if why is None and (_arg(n, 2, "dtype") is not None or n.kwargs.get("_stacklevel") not in (None, 3, 5)):
+        if why is None and _arg(n, 2, "dtype") is not None:
             why = "dtype argument"
         if why:
             report.miss("softmax", why)
