@@ -297,11 +297,11 @@ def test_dump_and_debug_log(tmp_path, monkeypatch, capfd):
     assert "Tessera kernels (flash_attention, rms_norm, swiglu)" in capfd.readouterr().err
 
 
-def test_int64_bool_and_multiple_outputs_cross_the_boundary():
-    def f(ids, flags, x):
-        return ids * 2 + 1, flags & (x > 0), x.sum(0)
+def test_int64_bool_empty_and_multiple_outputs_cross_the_boundary():
+    def f(ids, flags, x, empty):
+        return ids * 2 + 1, flags & (x > 0), x.sum(0), empty + 1, empty.sum() + x.sum()
 
-    args = (torch.arange(12).reshape(3, 4), torch.rand(3, 4) > 0.5, torch.randn(3, 4))
+    args = (torch.arange(12).reshape(3, 4), torch.rand(3, 4) > 0.5, torch.randn(3, 4), torch.empty(0, 4))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         got = compiled(f)(*args)

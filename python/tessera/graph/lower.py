@@ -245,7 +245,7 @@ def _stablehlo_pipeline(text: str) -> str:
     r = subprocess.run([_opt_binary(), f"-pass-pipeline={pipeline}"], input=text,
                        capture_output=True, text=True)
     if r.returncode != 0:
-        raise LoweringError(f"torch-mlir (StableHLO pipeline): {r.stderr.strip()[-2000:]}")
+        raise LoweringError(_first_line_of_interest(r.stderr))
     return r.stdout
 
 
@@ -288,9 +288,6 @@ def to_stablehlo(gm: torch.fx.GraphModule, target: str = "cpu") -> Tuple[str, Li
     except LoweringError:
         raise
     except Exception as e:  # torch-mlir reports unsupported ops as exceptions of its own
-        if os.environ.get("TESSERA_LOG") == "debug":
-            import traceback
-            traceback.print_exc()
         raise LoweringError(_first_line_of_interest("\n".join(diagnostics) + "\n" + str(e))) from None
     if "dense_resource" in text:
         raise LoweringError("the graph embeds a tensor constant XLA cannot take (dense_resource)")
@@ -305,7 +302,8 @@ def _stable_constants(text: str) -> str:
 
 
 def _first_line_of_interest(message: str) -> str:
-    """The op torch-mlir could not lower, or its first error line."""
+    """The op torch-mlir could not lower, or its first error line (all of torch-mlir's
+    diagnostics go to stderr under ``TESSERA_LOG=debug``)."""
     if os.environ.get("TESSERA_LOG") == "debug":
         print(message, file=sys.stderr)
     names = []
