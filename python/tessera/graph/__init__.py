@@ -111,6 +111,8 @@ def _prepare(gm: torch.fx.GraphModule):
             raise LoweringError(f"input {n.name} is a {type(v).__name__}, not a tensor")
         if lower.element_name(v.dtype) is None:
             raise LoweringError(f"input {n.name} has dtype {v.dtype}")
+        if v.device.type != "cpu":
+            raise LoweringError(f"input {n.name} is on {v.device} (graph mode runs CPU tensors)")
     output = next(n for n in gm.graph.nodes if n.op == "output")
     values = output.args[0]
     values = list(values) if isinstance(values, (list, tuple)) else [values]
