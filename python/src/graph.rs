@@ -11,8 +11,7 @@ use pyo3::prelude::*;
 use runtime::cache::Source;
 use runtime::pjrt::{Element, Executable, HostBuffer};
 
-use crate::{run_op, Buffer};
-use kernels::{find, Params};
+use crate::{library_op, run_op, Buffer};
 
 /// The XLA backend, or why it cannot be used.
 fn xla() -> PyResult<&'static runtime::xla::Xla> {
@@ -107,8 +106,7 @@ fn custom_calls_unavailable() -> Option<String> {
 /// `params` (its Mosaic body; the TPU rules are checked first), and the kernel's name.
 #[pyfunction]
 fn tpu_custom_call_config(op: &str, params: Vec<String>) -> PyResult<(String, String)> {
-    let k = find(op).ok_or_else(|| PyValueError::new_err(format!("unknown kernel `{op}`")))?;
-    let p = Params::parse(k.params(), &params).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let (k, p) = library_op(op, &params).map_err(PyValueError::new_err)?;
     let kernels = k
         .build(&p)
         .map_err(|e| PyValueError::new_err(format!("{op} {p}: {e}")))?;

@@ -162,6 +162,16 @@ fn run_in_place(
     })
 }
 
+/// The library op `kernel` and its parsed parameters (`name=value` items).
+fn library_op(
+    kernel: &str,
+    params: &[String],
+) -> Result<(&'static dyn kernels::LibraryKernel, Params), String> {
+    let k = find(kernel).ok_or_else(|| format!("unknown kernel `{kernel}`"))?;
+    let p = Params::parse(k.params(), params).map_err(|e| e.to_string())?;
+    Ok((k, p))
+}
+
 /// Why an op call failed: bad arguments (`ValueError`) or a failed run (`RuntimeError`).
 enum OpError {
     Bad(String),
@@ -195,8 +205,7 @@ fn run_op(
     outputs: &[Buffer],
     backend: &str,
 ) -> Result<String, OpError> {
-    let k = find(kernel).ok_or_else(|| OpError::Bad(format!("unknown kernel `{kernel}`")))?;
-    let p = Params::parse(k.params(), params).map_err(|e| OpError::Bad(e.to_string()))?;
+    let (k, p) = library_op(kernel, params).map_err(OpError::Bad)?;
     let requested: Backend = backend
         .parse()
         .map_err(|e: runtime::Error| OpError::Bad(e.to_string()))?;
@@ -272,9 +281,7 @@ fn run(
 #[pyfunction]
 #[pyo3(signature = (kernel, params, backend = "auto"))]
 fn explain(kernel: &str, params: Vec<String>, backend: &str) -> PyResult<(String, Vec<String>)> {
-    let k =
-        find(kernel).ok_or_else(|| PyValueError::new_err(format!("unknown kernel `{kernel}`")))?;
-    let p = Params::parse(k.params(), &params).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let (k, p) = library_op(kernel, &params).map_err(PyValueError::new_err)?;
     let requested: Backend = backend
         .parse()
         .map_err(|e: runtime::Error| PyValueError::new_err(e.to_string()))?;

@@ -415,13 +415,15 @@ impl Drop for Buffer {
     }
 }
 
-fn buffer_type(dtype: DType) -> ffi::PJRT_Buffer_Type {
-    match dtype {
-        DType::F32 => ffi::PJRT_Buffer_Type_PJRT_Buffer_Type_F32,
-        DType::BF16 => ffi::PJRT_Buffer_Type_PJRT_Buffer_Type_BF16,
-        DType::F16 => ffi::PJRT_Buffer_Type_PJRT_Buffer_Type_F16,
-        DType::I32 => ffi::PJRT_Buffer_Type_PJRT_Buffer_Type_S32,
-        DType::Bool => ffi::PJRT_Buffer_Type_PJRT_Buffer_Type_PRED,
+impl From<DType> for Element {
+    fn from(dtype: DType) -> Element {
+        match dtype {
+            DType::F32 => Element::F32,
+            DType::BF16 => Element::BF16,
+            DType::F16 => Element::F16,
+            DType::I32 => Element::I32,
+            DType::Bool => Element::Bool,
+        }
     }
 }
 
@@ -515,7 +517,7 @@ impl Client {
         let (buffer, done) = unsafe {
             self.upload_raw(
                 bytes.as_ptr() as *const c_void,
-                buffer_type(a.dtype()),
+                Element::from(a.dtype()).buffer_type(),
                 &dims,
                 ffi::PJRT_HostBufferSemantics_PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes,
             )

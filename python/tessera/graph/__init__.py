@@ -87,22 +87,25 @@ class _Runner:
     """Calls a compiled graph: tensors in, tensors out (``None`` where the graph returns
     ``None``, as backward graphs do for inputs without gradients)."""
 
-    def __init__(self, exe, outputs: List, constants: List[torch.Tensor]):
+    def __init__(self, exe, elements: List[str], outputs: List, constants: List[torch.Tensor]):
         self.exe = exe
+        self.elements = elements  # element name of each input (arguments, then constants)
         self.outputs = outputs  # per graph output: (shape, dtype, element) or None
         self.constants = [c.contiguous() for c in constants]
 
     def __call__(self, *args):
         inputs = [a.contiguous() for a in args] + self.constants
         results = [None if o is None else torch.empty(o[0], dtype=o[1]) for o in self.outputs]
-        self.exe.run([(t.data_ptr(), list(t.shape), lower.element_name(t.dtype)) for t in inputs],
+        self.exe.run([(t.data_ptr(), list(t.shape), e) for t, e in zip(inputs, self.elements)],
                      [(t.data_ptr(), list(t.shape), o[2]) for t, o in zip(results, self.outputs) if o is not None])
         return results
 
 
 def _prepare(gm: torch.fx.GraphModule):
     """Checks the graph's inputs and outputs, drops ``None`` outputs from it, and returns
-    the runner's output specs; raises ``LoweringError`` for what XLA cannot take."""
+    the runner's input element names and output specs; raises ``LoweringError`` for what
+    XLA cannot take."""
+    elements = []
     for n in gm.graph.nodes:
         if n.op != "placeholder":
             continue
@@ -113,6 +116,7 @@ def _prepare(gm: torch.fx.GraphModule):
             raise LoweringError(f"input {n.name} has dtype {v.dtype}")
         if v.device.type != "cpu":
             raise LoweringError(f"input {n.name} is on {v.device} (graph mode runs CPU tensors)")
+        elements.append(lower.element_name(v.dtype))
     output = next(n for n in gm.graph.nodes if n.op == "output")
     values = output.args[0]
     values = list(values) if isinstance(values, (list, tuple)) else [values]
@@ -129,7 +133,7 @@ def _prepare(gm: torch.fx.GraphModule):
         specs.append((list(t.shape), t.dtype, lower.element_name(t.dtype)))
     output.args = (tuple(v for v in values if v is not None),)
     gm.recompile()
-    return specs
+    return elements, specs
 
 
 def _compile(gm: torch.fx.GraphModule, example_inputs, *, name: str):
@@ -139,7 +143,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs, *, name: str):
     t0 = time.perf_counter()
     try:
         constants = lower.lift_constants(gm)
-        specs = _prepare(gm)
+        elements, specs = _prepare(gm)
         text, kernels = lower.to_stablehlo(gm)
         t1 = time.perf_counter()
         exe, source, compile_ms = _tessera.graph_compile(text)
@@ -158,7 +162,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs, *, name: str):
     _debug(summary)
     _dump(f"{name}.stablehlo.mlir", text)
     _dump(f"{name}.summary.txt", summary + "\n")
-    runner = _Runner(exe, specs, constants)
+    runner = _Runner(exe, elements, specs, constants)
     return make_boxed_func(runner)
 
 
