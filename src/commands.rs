@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use kernel_ir::{parse_kernel, print_kernel, Array, Kernel};
+use kernel_ir::{parse_kernel, print_kernel, AllocError, Array, Kernel};
 use kernels::{all, compare, find, BoxError, LibraryKernel, Params};
 use runtime::{Backend, Resolution};
 
@@ -24,6 +24,17 @@ fn runtime_failure(message: impl Into<String>) -> Failure {
     Failure {
         code: 1,
         message: message.into(),
+    }
+}
+
+/// A failed run: exit 2 when an array could not be allocated (its size came from the
+/// command line), 1 otherwise.
+fn run_failure(context: &str, e: BoxError) -> Failure {
+    let message = format!("{context}: {e}");
+    if AllocError::in_chain(&*e) {
+        usage(message)
+    } else {
+        runtime_failure(message)
     }
 }
 
@@ -136,11 +147,11 @@ pub fn run(
         runtime::resolve(requested, kernel).map_err(|e| usage(e.to_string()))?;
     }
     let inputs = k.inputs(&p, seed).map_err(|e| usage(e.to_string()))?;
-    let (got, used) = execute(k, &p, &inputs, requested)
-        .map_err(|e| runtime_failure(format!("{name} {p}: {e}")))?;
+    let context = format!("{name} {p}");
+    let (got, used) = execute(k, &p, &inputs, requested).map_err(|e| run_failure(&context, e))?;
     let want = k
         .reference(&p, &inputs)
-        .map_err(|e| runtime_failure(e.to_string()))?;
+        .map_err(|e| run_failure(&format!("{context}: reference"), e))?;
     let tol = k.tolerance(&p);
     let c = compare(&got, &want, tol);
     let line = format!(
@@ -322,7 +333,8 @@ pub fn bench(
         runtime::resolve(requested, &kernel).map_err(|e| usage(e.to_string()))?;
     }
     let case = benches::Case::new(k, overrides).map_err(|e| usage(e.to_string()))?;
-    let fail = |e: BoxError| runtime_failure(format!("{name} {p}: {e}"));
+    let context = format!("{name} {p}");
+    let fail = |e: BoxError| run_failure(&context, e);
     let (outputs, used) = execute(k, &p, &case.inputs, requested).map_err(fail)?;
     let ms =
         median_ms(runs, || execute(k, &p, &case.inputs, requested).map(|_| ())).map_err(fail)?;

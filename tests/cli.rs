@@ -105,6 +105,70 @@ fn bad_usage_exits_2_with_one_message() {
     }
 }
 
+#[test]
+fn oversized_shapes_exit_2_naming_the_array_and_its_size() {
+    let cases = [
+        // Outputs too large for memory, on every backend.
+        (
+            "matmul",
+            "m=3000000,n=3000000,k=8",
+            "interp",
+            "out %o (f32[3000000, 3000000])",
+        ),
+        (
+            "matmul",
+            "m=3000000,n=3000000,k=8",
+            "native",
+            "out %o (f32[3000000, 3000000])",
+        ),
+        (
+            "matmul",
+            "m=3000000,n=3000000,k=8",
+            "xla",
+            "out %o (f32[3000000, 3000000])",
+        ),
+        (
+            "softmax",
+            "rows=100000000,cols=100000",
+            "auto",
+            "(f32[100000000, 100000])",
+        ),
+        // Inputs too large to generate.
+        (
+            "matmul",
+            "m=100000000,n=100000000,k=100000",
+            "interp",
+            "a random input",
+        ),
+    ];
+    for (kernel, shape, backend, array) in cases {
+        let o = tessera(&["run", kernel, "--backend", backend, "--shape", shape]);
+        let err = stderr(&o);
+        assert_eq!(
+            o.status.code(),
+            Some(2),
+            "{kernel} {shape} on {backend}: {err}"
+        );
+        assert!(
+            err.contains("cannot allocate") && err.contains(array) && err.contains(" bytes ("),
+            "{kernel} {shape} on {backend}: {err}"
+        );
+        assert_eq!(
+            err.trim_end().lines().count(),
+            1,
+            "one clear message: {err}"
+        );
+    }
+    // Sizes whose products overflow are rejected before anything is allocated.
+    let o = tessera(&[
+        "run",
+        "matmul",
+        "--shape",
+        "m=10000000000,n=10000000000,k=10000000000",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}
+
 fn parse_file(text: &str) -> Output {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("k.ir");
@@ -153,6 +217,14 @@ fn bad_ir_exits_2_naming_the_problem() {
             "result 0 has type f32[8, 128], expected bf16[8, 128]",
         ),
         (text[..text.len() / 3].to_string(), "parse error"),
+        (
+            text.replacen(
+                "in %x : f32[16, 128]",
+                "in %x : f32[4294967296, 4294967296, 16]",
+                1,
+            ),
+            "is larger than any allocation can be",
+        ),
     ];
     for (bad, expected) in cases {
         let o = parse_file(&bad);

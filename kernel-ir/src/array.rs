@@ -62,6 +62,82 @@ impl fmt::Display for ArrayError {
 
 impl std::error::Error for ArrayError {}
 
+impl From<AllocError> for ArrayError {
+    fn from(e: AllocError) -> Self {
+        ArrayError(e.to_string())
+    }
+}
+
+/// An array that could not be allocated: what it is and how many bytes it needs
+/// (`None` when the size overflows).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AllocError {
+    /// The array, e.g. "output %o (f32[3000000, 3000000])".
+    pub what: String,
+    /// Bytes requested, if representable.
+    pub bytes: Option<u64>,
+}
+
+impl fmt::Display for AllocError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.bytes {
+            Some(b) => write!(
+                f,
+                "cannot allocate {}: {b} bytes ({}) are not available",
+                self.what,
+                human_bytes(b)
+            ),
+            None => write!(
+                f,
+                "cannot allocate {}: its size in bytes overflows",
+                self.what
+            ),
+        }
+    }
+}
+
+impl std::error::Error for AllocError {}
+
+impl AllocError {
+    /// True when `e` or one of its sources is an [`AllocError`].
+    pub fn in_chain(e: &(dyn std::error::Error + 'static)) -> bool {
+        std::iter::successors(Some(e), |e| e.source()).any(|e| e.is::<AllocError>())
+    }
+}
+
+/// `bytes` in the largest binary unit that keeps it >= 1 (e.g. "32.7 TiB").
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = bytes as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.1} {}", UNITS[unit])
+}
+
+/// A vector of `len` copies of `value`, allocated fallibly: the error names `what`
+/// and the byte size instead of aborting the process.
+pub fn try_vec<T: Clone>(
+    what: impl FnOnce() -> String,
+    len: u64,
+    value: T,
+) -> Result<Vec<T>, AllocError> {
+    let bytes = len.checked_mul(std::mem::size_of::<T>() as u64);
+    let mut v = Vec::new();
+    match (usize::try_from(len), bytes) {
+        (Ok(n), Some(b)) if b <= isize::MAX as u64 && v.try_reserve_exact(n).is_ok() => {
+            v.resize(n, value);
+            Ok(v)
+        }
+        _ => Err(AllocError {
+            what: what(),
+            bytes,
+        }),
+    }
+}
+
 impl Array {
     /// An array of `ty` whose elements are all zero (false).
     pub fn zeros(ty: TensorType) -> Array {
@@ -69,22 +145,40 @@ impl Array {
     }
 
     /// An array of `ty` filled with `value` (converted to the dtype; NaN becomes
-    /// `i32::MIN` for integers and `false` for bools).
+    /// `i32::MIN` for integers and `false` for bools). Aborts if it cannot be
+    /// allocated: for sizes that come from input, use [`Array::try_filled`].
     pub fn filled(ty: TensorType, value: f64) -> Array {
-        let n = ty.num_elements() as usize;
+        Array::try_filled(ty, value, "an array").unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Array::filled`], allocated fallibly; the error names the array as `what`.
+    pub fn try_filled(ty: TensorType, value: f64, what: &str) -> Result<Array, AllocError> {
+        let what = || format!("{what} ({ty})");
+        let n = ty
+            .byte_size()
+            .map(|_| ty.num_elements())
+            .ok_or_else(|| AllocError {
+                what: what(),
+                bytes: None,
+            })?;
         let data = match ty.dtype {
-            d if d.is_float() => ArrayData::Float(vec![round_to(d, value as f32); n]),
-            DType::I32 => ArrayData::Int(vec![
-                if value.is_nan() {
+            d if d.is_float() => ArrayData::Float(try_vec(what, n, round_to(d, value as f32))?),
+            DType::I32 => {
+                let v = if value.is_nan() {
                     i32::MIN
                 } else {
                     value as i32
                 };
-                n
-            ]),
-            _ => ArrayData::Bool(vec![value != 0.0 && !value.is_nan(); n]),
+                ArrayData::Int(try_vec(what, n, v)?)
+            }
+            _ => ArrayData::Bool(try_vec(what, n, value != 0.0 && !value.is_nan())?),
         };
-        Array { ty, data }
+        Ok(Array { ty, data })
+    }
+
+    /// [`Array::zeros`], allocated fallibly; the error names the array as `what`.
+    pub fn try_zeros(ty: TensorType, what: &str) -> Result<Array, AllocError> {
+        Array::try_filled(ty, 0.0, what)
     }
 
     /// A float array (f32, bf16 or f16); values are rounded to the dtype.
@@ -168,10 +262,29 @@ impl Array {
 
     /// Every element widened to f64 (bools as 0/1).
     pub fn to_f64(&self) -> Vec<f64> {
+        self.try_to_f64("an array")
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Array::to_f64`], allocated fallibly; the error names the copy as `what`.
+    pub fn try_to_f64(&self, what: &str) -> Result<Vec<f64>, AllocError> {
+        let mut out = try_vec(
+            || format!("{what} as f64 ({})", self.ty),
+            self.data.len() as u64,
+            0.0,
+        )?;
+        out.iter_mut()
+            .zip(self.iter_f64())
+            .for_each(|(o, x)| *o = x);
+        Ok(out)
+    }
+
+    /// Every element widened to f64 (bools as 0/1), without allocating.
+    pub fn iter_f64(&self) -> Box<dyn Iterator<Item = f64> + '_> {
         match &self.data {
-            ArrayData::Float(v) => v.iter().map(|&x| f64::from(x)).collect(),
-            ArrayData::Int(v) => v.iter().map(|&x| f64::from(x)).collect(),
-            ArrayData::Bool(v) => v.iter().map(|&x| f64::from(u8::from(x))).collect(),
+            ArrayData::Float(v) => Box::new(v.iter().map(|&x| f64::from(x))),
+            ArrayData::Int(v) => Box::new(v.iter().map(|&x| f64::from(x))),
+            ArrayData::Bool(v) => Box::new(v.iter().map(|&x| f64::from(u8::from(x)))),
         }
     }
 

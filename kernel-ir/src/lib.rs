@@ -18,9 +18,9 @@ pub mod testing;
 mod types;
 mod verify;
 
-pub use array::{round_to, Array, ArrayData, ArrayError};
+pub use array::{human_bytes, round_to, try_vec, AllocError, Array, ArrayData, ArrayError};
 pub use builder::KernelBuilder;
-pub use interp::{check_inputs, interpret, InterpretOptions, RunError};
+pub use interp::{check_allocatable, check_inputs, interpret, InterpretOptions, RunError};
 pub use ir::*;
 pub use parse::{parse_kernel, ParseError};
 pub use print::{print_kernel, Namer};

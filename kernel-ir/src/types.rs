@@ -91,9 +91,20 @@ impl TensorType {
         self.shape.is_empty()
     }
 
-    /// Number of elements.
+    /// Number of elements. The verifier guarantees it does not overflow for the types
+    /// of a verified kernel; use [`TensorType::byte_size`] on unchecked types.
     pub fn num_elements(&self) -> u64 {
         self.shape.iter().product()
+    }
+
+    /// Size in bytes, or `None` when it overflows or exceeds what one allocation can
+    /// hold (`isize::MAX` bytes).
+    pub fn byte_size(&self) -> Option<u64> {
+        let bytes = self
+            .shape
+            .iter()
+            .try_fold(self.dtype.size_bytes() as u64, |a, &d| a.checked_mul(d))?;
+        (bytes <= isize::MAX as u64).then_some(bytes)
     }
 
     /// The same shape with another dtype.

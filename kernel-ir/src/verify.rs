@@ -97,6 +97,9 @@ fn verify_header(kernel: &Kernel) -> Result<(), VerifyError> {
                 format!("type {} has a zero dimension", r.ty),
             ));
         }
+        if r.ty.byte_size().is_none() {
+            return Err(header_error(what, too_large(&r.ty)));
+        }
         match (&r.block, r.kind) {
             (None, RefKind::Scratch) => {}
             (Some(_), RefKind::Scratch) => {
@@ -107,6 +110,11 @@ fn verify_header(kernel: &Kernel) -> Result<(), VerifyError> {
         }
     }
     Ok(())
+}
+
+/// The message for a type whose byte size overflows.
+fn too_large(ty: &crate::types::TensorType) -> String {
+    format!("type {ty} is larger than any allocation can be (its byte size exceeds 2^63)")
 }
 
 fn kind_order(kind: RefKind) -> u8 {
@@ -296,6 +304,13 @@ impl BodyVerifier<'_> {
             .iter()
             .map(|&r| self.kernel.type_of(r).clone())
             .collect();
+        if let Some((i, d)) = declared
+            .iter()
+            .enumerate()
+            .find(|(_, d)| d.byte_size().is_none())
+        {
+            return Err(self.err(op, format!("result {i}: {}", too_large(d))));
+        }
         let expected = infer(self.kernel, &op.kind, &declared, self.kernel.grid.len())
             .map_err(|m| self.err(op, m))?;
         if expected.len() != declared.len() {

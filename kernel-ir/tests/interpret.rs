@@ -165,3 +165,70 @@ fn poisoned_scratch_shows_up_when_read_before_written() {
     let zeroed = interpret(&k, &[x], &InterpretOptions::default()).unwrap();
     assert!(zeroed[0].as_f32().unwrap().iter().all(|v| !v.is_nan()));
 }
+
+/// Arrays too large for memory are reported as `RunError::Alloc` naming the array and
+/// its byte size; sizes whose byte count overflows are rejected by the verifier.
+#[test]
+fn arrays_that_cannot_be_allocated_are_errors_not_aborts() {
+    let huge = "f32[16777216, 16777216]"; // 2^50 bytes
+    let cases = [
+        (
+            format!(
+                "kernel @k grid [1] semantics [parallel] {{\n\
+                 out %o : {huge} block [8, 128] map (i0) -> (0, 0) vmem\n\
+                 body {{\n%0 = const 1.0 : f32[8, 128]\nstore %o[:, :], %0\n}}\n}}"
+            ),
+            format!("out %o ({huge})"),
+        ),
+        (
+            format!(
+                "kernel @k grid [1] semantics [parallel] {{\n\
+                 out %o : f32[8, 128] block [8, 128] map (i0) -> (0, 0) vmem\n\
+                 scratch %s : {huge} vmem\n\
+                 body {{\n%0 = const 1.0 : f32[8, 128]\nstore %o[:, :], %0\n}}\n}}"
+            ),
+            format!("scratch %s ({huge})"),
+        ),
+        (
+            format!(
+                "kernel @k grid [1] semantics [parallel] {{\n\
+                 out %o : f32[8, 128] block [8, 128] map (i0) -> (0, 0) vmem\n\
+                 body {{\n%0 = const 1.0 : {huge}\n\
+                 %1 = const 1.0 : f32[8, 128]\nstore %o[:, :], %1\n}}\n}}"
+            ),
+            format!("block value %0 ({huge})"),
+        ),
+    ];
+    for (text, what) in cases {
+        let k = kernel_ir::parse_kernel(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let err = interpret(&k, &[], &InterpretOptions::default()).unwrap_err();
+        let RunError::Alloc(e) = &err else {
+            panic!("expected an allocation error, got {err}");
+        };
+        assert_eq!(e.bytes, Some(1 << 50));
+        let message = err.to_string();
+        assert!(
+            message.contains(&what) && message.contains("1125899906842624 bytes (1.0 PiB)"),
+            "{message}"
+        );
+    }
+    let overflow = "kernel @k grid [1] semantics [parallel] {\n\
+                    out %o : f32[8, 128] block [8, 128] map (i0) -> (0, 0) vmem\n\
+                    body {\n%0 = const 1.0 : f32[4294967296, 4294967296, 2]\n\
+                    %1 = const 1.0 : f32[8, 128]\nstore %o[:, :], %1\n}\n}";
+    let err = kernel_ir::parse_kernel(overflow).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("is larger than any allocation can be"),
+        "{err}"
+    );
+}
+
+#[test]
+fn try_vec_reports_what_and_size() {
+    let e = kernel_ir::try_vec(|| "a buffer".into(), u64::MAX / 2, 0u32).unwrap_err();
+    assert_eq!(e.what, "a buffer");
+    assert_eq!(e.bytes, None);
+    let v = kernel_ir::try_vec(|| "a buffer".into(), 5, 7u8).unwrap();
+    assert_eq!(v, vec![7; 5]);
+}

@@ -2,10 +2,10 @@
 //! into an f32 scratch tile; ragged edges are masked.
 
 use kernel_ir::dsl::prelude::*;
-use kernel_ir::{Array, DimSemantics};
+use kernel_ir::{AllocError, Array, DimSemantics};
 use kernel_macros::kernel;
 
-use crate::common::{block, load_tile, pid, random_array, store_tile, tolerance_for};
+use crate::common::{block, load_tile, pid, random_array, store_tile, tolerance_for, zeros_f64};
 use crate::{BoxError, Op, ParamDef, Params, Tolerance};
 
 /// Shapes and block sizes of a matmul (block sizes already clamped to the shapes).
@@ -127,8 +127,14 @@ const PARAMS: &[ParamDef] = &[
 ];
 
 /// Plain f64 matmul of row-major arrays.
-pub fn reference_matmul(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
-    let mut c = vec![0.0; m * n];
+pub fn reference_matmul(
+    a: &[f64],
+    b: &[f64],
+    m: usize,
+    k: usize,
+    n: usize,
+) -> Result<Vec<f64>, AllocError> {
+    let mut c = zeros_f64("matmul result", m.saturating_mul(n))?;
     for i in 0..m {
         for p in 0..k {
             let aip = a[i * k + p];
@@ -137,7 +143,7 @@ pub fn reference_matmul(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> V
             }
         }
     }
-    c
+    Ok(c)
 }
 
 impl Op for Matmul {
@@ -162,14 +168,14 @@ impl Op for Matmul {
     }
 
     fn reference(c: &Self::Config, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
-        let (a, b) = (inputs[0].to_f64(), inputs[1].to_f64());
+        let (a, b) = (inputs[0].try_to_f64("a")?, inputs[1].try_to_f64("b")?);
         Ok(vec![reference_matmul(
             &a,
             &b,
             c.m as usize,
             c.k as usize,
             c.n as usize,
-        )])
+        )?])
     }
 
     fn tolerance(c: &Self::Config) -> Tolerance {

@@ -4,7 +4,9 @@ use kernel_ir::dsl::prelude::*;
 use kernel_ir::Array;
 use kernel_macros::kernel;
 
-use crate::common::{block, load_tile, pid, random_array, store_tile, tolerance_for, zero};
+use crate::common::{
+    block, load_tile, pid, random_array, store_tile, tolerance_for, zero, zeros_f64,
+};
 use crate::softmax::ROW_PARAMS;
 use crate::{BoxError, Op, ParamDef, Params, Tolerance};
 
@@ -135,12 +137,13 @@ impl NormConfig {
 }
 
 /// Reference norm: `scale_shift(row, normalised row) -> output row`.
-fn reference_norm(inputs: &[Array], c: &NormConfig, center: bool) -> Vec<f64> {
-    let x = inputs[0].to_f64();
-    let w = inputs[1].to_f64();
-    let b = inputs.get(2).map(Array::to_f64);
+fn reference_norm(inputs: &[Array], c: &NormConfig, center: bool) -> Result<Vec<f64>, BoxError> {
+    let x = inputs[0].try_to_f64("x")?;
+    let w = inputs[1].try_to_f64("weight")?;
+    let b = inputs.get(2).map(|b| b.try_to_f64("bias")).transpose()?;
     let n = c.cols as f64;
-    let mut out = Vec::with_capacity(x.len());
+    let mut out = zeros_f64("output", x.len())?;
+    out.clear();
     for row in x.chunks(c.cols as usize) {
         let mean = if center {
             row.iter().sum::<f64>() / n
@@ -153,7 +156,7 @@ fn reference_norm(inputs: &[Array], c: &NormConfig, center: bool) -> Vec<f64> {
             out.push((v - mean) * inv * w[j] + b.as_ref().map_or(0.0, |b| b[j]));
         }
     }
-    out
+    Ok(out)
 }
 
 /// RMSNorm with a learned scale.
@@ -179,7 +182,7 @@ impl Op for RmsNorm {
     }
 
     fn reference(c: &Self::Config, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
-        Ok(vec![reference_norm(inputs, c, false)])
+        Ok(vec![reference_norm(inputs, c, false)?])
     }
 
     fn tolerance(c: &Self::Config) -> Tolerance {
@@ -214,7 +217,7 @@ impl Op for LayerNorm {
     }
 
     fn reference(c: &Self::Config, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
-        Ok(vec![reference_norm(inputs, c, true)])
+        Ok(vec![reference_norm(inputs, c, true)?])
     }
 
     fn tolerance(c: &Self::Config) -> Tolerance {

@@ -2,10 +2,10 @@
 //! `o = x * cos + rotate_half(x) * sin`, `rotate_half([x1, x2]) = [-x2, x1]`.
 
 use kernel_ir::dsl::prelude::*;
-use kernel_ir::Array;
+use kernel_ir::{try_vec, Array};
 use kernel_macros::{kernel, kernel_fn};
 
-use crate::common::{block, pid, random_array, rows_below, tolerance_for, zero};
+use crate::common::{block, pid, random_array, rows_below, tolerance_for, zero, zeros_f64};
 use crate::{BoxError, Op, ParamDef, Params, Tolerance};
 
 /// Shapes of a RoPE call: x is `[batch, heads, seq, head_dim]`, cos/sin `[seq, head_dim]`.
@@ -181,8 +181,10 @@ impl Op for Rope {
     fn inputs(c: &Self::Config, seed: u64) -> Result<Vec<Array>, BoxError> {
         // Real rotary tables: position t, frequency 10000^(-2i/d).
         let (s, d) = (c.seq as usize, c.head_dim as usize);
-        let mut cos = Vec::with_capacity(s * d);
-        let mut sin = Vec::with_capacity(s * d);
+        let mut cos = try_vec(|| "the cos table".into(), (s * d) as u64, 0.0f32)?;
+        let mut sin = try_vec(|| "the sin table".into(), (s * d) as u64, 0.0f32)?;
+        cos.clear();
+        sin.clear();
         for t in 0..s {
             for j in 0..d {
                 let freq = 10000f64.powf(-2.0 * (j % (d / 2)) as f64 / d as f64);
@@ -198,9 +200,10 @@ impl Op for Rope {
     }
 
     fn reference(c: &Self::Config, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
-        let (x, cos, sin) = (inputs[0].to_f64(), inputs[1].to_f64(), inputs[2].to_f64());
+        let x = inputs[0].try_to_f64("x")?;
+        let (cos, sin) = (inputs[1].try_to_f64("cos")?, inputs[2].try_to_f64("sin")?);
         let (s, d, half) = (c.seq as usize, c.head_dim as usize, c.head_dim as usize / 2);
-        let mut out = vec![0.0; x.len()];
+        let mut out = zeros_f64("output", x.len())?;
         for (r, row) in x.chunks(d).enumerate() {
             let t = r % s;
             for j in 0..d {

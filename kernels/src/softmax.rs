@@ -4,7 +4,9 @@ use kernel_ir::dsl::prelude::*;
 use kernel_ir::Array;
 use kernel_macros::kernel;
 
-use crate::common::{block, load_tile, pid, random_array, store_tile, tolerance_for, zero};
+use crate::common::{
+    block, load_tile, pid, random_array, store_tile, tolerance_for, zero, zeros_f64,
+};
 use crate::{BoxError, Op, ParamDef, Params, Tolerance};
 
 /// Shape and blocking of a row-wise kernel (softmax, norms).
@@ -115,8 +117,9 @@ impl Op for Softmax {
     }
 
     fn reference(c: &Self::Config, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
-        let x = inputs[0].to_f64();
-        let mut out = Vec::with_capacity(x.len());
+        let x = inputs[0].try_to_f64("x")?;
+        let mut out = zeros_f64("output", x.len())?;
+        out.clear();
         for row in x.chunks(c.cols as usize) {
             let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let s: f64 = row.iter().map(|v| (v - m).exp()).sum();

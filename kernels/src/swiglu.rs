@@ -113,7 +113,7 @@ impl Op for Swiglu {
     }
 
     fn reference(_: &Self::Config, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
-        let (a, b) = (inputs[0].to_f64(), inputs[1].to_f64());
+        let (a, b) = (inputs[0].try_to_f64("a")?, inputs[1].try_to_f64("b")?);
         Ok(vec![a
             .iter()
             .zip(&b)

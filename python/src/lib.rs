@@ -7,9 +7,9 @@ use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use kernel_ir::{Array, ArrayData, DType, TensorType};
+use kernel_ir::{AllocError, Array, ArrayData, DType, TensorType};
 use kernels::{find, BoxError, Params};
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use runtime::Backend;
 
@@ -29,26 +29,30 @@ fn dtype(name: &str, what: &str) -> Result<DType, String> {
 /// # Safety
 /// `addr` must point at `shape.product()` contiguous elements of `dtype`, alive and not
 /// written during the call.
-unsafe fn read(addr: usize, ty: &TensorType) -> Array {
+unsafe fn read(addr: usize, ty: &TensorType, what: &str) -> Result<Array, AllocError> {
+    let mut a = Array::try_zeros(ty.clone(), what)?;
     let n = ty.num_elements() as usize;
-    let data = match ty.dtype {
-        DType::F32 => ArrayData::Float(std::slice::from_raw_parts(addr as *const f32, n).to_vec()),
-        DType::BF16 => ArrayData::Float(
-            std::slice::from_raw_parts(addr as *const u16, n)
-                .iter()
-                .map(|&b| half::bf16::from_bits(b).to_f32())
-                .collect(),
-        ),
-        DType::F16 => ArrayData::Float(
-            std::slice::from_raw_parts(addr as *const u16, n)
-                .iter()
-                .map(|&b| half::f16::from_bits(b).to_f32())
-                .collect(),
-        ),
-        DType::I32 => ArrayData::Int(std::slice::from_raw_parts(addr as *const i32, n).to_vec()),
-        DType::Bool => ArrayData::Bool(std::slice::from_raw_parts(addr as *const bool, n).to_vec()),
-    };
-    Array::new(ty.clone(), data).expect("the storage matches the type")
+    match (a.data_mut(), ty.dtype) {
+        (ArrayData::Float(v), DType::F32) => {
+            v.copy_from_slice(std::slice::from_raw_parts(addr as *const f32, n))
+        }
+        (ArrayData::Float(v), d) => {
+            let to_f32 = if d == DType::BF16 {
+                |b| half::bf16::from_bits(b).to_f32()
+            } else {
+                |b| half::f16::from_bits(b).to_f32()
+            };
+            let src = std::slice::from_raw_parts(addr as *const u16, n);
+            v.iter_mut().zip(src).for_each(|(x, &b)| *x = to_f32(b));
+        }
+        (ArrayData::Int(v), _) => {
+            v.copy_from_slice(std::slice::from_raw_parts(addr as *const i32, n))
+        }
+        (ArrayData::Bool(v), _) => {
+            v.copy_from_slice(std::slice::from_raw_parts(addr as *const bool, n))
+        }
+    }
+    Ok(a)
 }
 
 /// Copies an array into a buffer of its type.
@@ -133,7 +137,7 @@ fn run_in_place(
     outputs: &[Buffer],
     in_types: &[TensorType],
     out_types: &[TensorType],
-) -> Option<Result<String, String>> {
+) -> Option<Result<String, OpError>> {
     let built = traced(k, p)?;
     let [kernel] = built.as_slice() else {
         return None;
@@ -155,10 +159,13 @@ fn run_in_place(
         // these types (checked above), and fresh output buffers.
         unsafe { runtime::native::backend().run_in_place(kernel, &ins, &outs) }
     }));
+    let context = format!("{} {p}", k.name());
     Some(match result {
         Ok(Ok(())) => Ok(Backend::Native.name().to_string()),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("internal error (panic)".into()),
+        Ok(Err(e)) => Err(OpError::from_run(context, &e)),
+        Err(_) => Err(OpError::Failed(format!(
+            "{context}: internal error (panic)"
+        ))),
     })
 }
 
@@ -172,9 +179,11 @@ fn library_op(
     Ok((k, p))
 }
 
-/// Why an op call failed: bad arguments (`ValueError`) or a failed run (`RuntimeError`).
+/// Why an op call failed: bad arguments (`ValueError`), an array that could not be
+/// allocated (`MemoryError`) or a failed run (`RuntimeError`).
 enum OpError {
     Bad(String),
+    NoMemory(String),
     Failed(String),
 }
 
@@ -182,15 +191,26 @@ impl From<OpError> for PyErr {
     fn from(e: OpError) -> PyErr {
         match e {
             OpError::Bad(m) => PyValueError::new_err(m),
+            OpError::NoMemory(m) => PyMemoryError::new_err(m),
             OpError::Failed(m) => PyRuntimeError::new_err(m),
         }
     }
 }
 
 impl OpError {
+    /// A failed run of `context`: `NoMemory` when an allocation failed.
+    fn from_run(context: impl std::fmt::Display, e: &(dyn std::error::Error + 'static)) -> Self {
+        let message = format!("{context}: {e}");
+        if AllocError::in_chain(e) {
+            OpError::NoMemory(message)
+        } else {
+            OpError::Failed(message)
+        }
+    }
+
     fn message(self) -> String {
         match self {
-            OpError::Bad(m) | OpError::Failed(m) => m,
+            OpError::Bad(m) | OpError::NoMemory(m) | OpError::Failed(m) => m,
         }
     }
 }
@@ -212,7 +232,7 @@ fn run_op(
     let in_types = types(inputs, "input").map_err(OpError::Bad)?;
     let out_types = types(outputs, "output").map_err(OpError::Bad)?;
     if let Some(used) = run_in_place(k, &p, requested, inputs, outputs, &in_types, &out_types) {
-        return used.map_err(|e| OpError::Failed(format!("{kernel} {p}: {e}")));
+        return used;
     }
     let result = catch_unwind(AssertUnwindSafe(
         || -> Result<(Vec<Array>, Backend), BoxError> {
@@ -220,8 +240,9 @@ fn run_op(
             let arrays: Vec<Array> = inputs
                 .iter()
                 .zip(&in_types)
-                .map(|(b, t)| unsafe { read(b.0, t) })
-                .collect();
+                .enumerate()
+                .map(|(i, (b, t))| unsafe { read(b.0, t, &format!("a copy of input {i}")) })
+                .collect::<Result<_, _>>()?;
             let mut used = Backend::Interp;
             let got = k.run(&p, &arrays, &mut |kern, ins| {
                 let (out, resolution) = runtime::run(kern, ins, requested)?;
@@ -233,7 +254,7 @@ fn run_op(
     ));
     let (got, used) = match result {
         Ok(Ok(v)) => v,
-        Ok(Err(e)) => return Err(OpError::Failed(format!("{kernel} {p}: {e}"))),
+        Ok(Err(e)) => return Err(OpError::from_run(format!("{kernel} {p}"), &*e)),
         Err(_) => {
             return Err(OpError::Failed(format!(
                 "{kernel} {p}: internal error (panic)"

@@ -188,7 +188,11 @@ pub fn run(
     let mut resolution = resolve(requested, kernel)?;
     let outputs = match resolution.backend {
         Backend::Interp => interpret(kernel, inputs, &interpreter_options())?,
-        Backend::Xla => run_xla(kernel, inputs)?,
+        Backend::Xla => {
+            // XLA aborts on some failed host allocations: ask for the memory first.
+            kernel_ir::check_allocatable(kernel)?;
+            run_xla(kernel, inputs)?
+        }
         Backend::Native => match native::backend().run(kernel, inputs) {
             // `auto` moves on when the JIT cannot compile the kernel.
             Err(Error::Native(reason)) if requested == Backend::Auto => {

@@ -10,7 +10,7 @@ use std::ffi::c_void;
 use std::sync::{Arc, Mutex, Once, OnceLock};
 use std::time::Instant;
 
-use kernel_ir::{Array, ArrayData, DType, Kernel, RefKind};
+use kernel_ir::{try_vec, Array, ArrayData, DType, Kernel, RefKind, RunError};
 use lowering::cpu::CpuModule;
 use melior::dialect::DialectRegistry;
 use melior::ir::Module;
@@ -376,10 +376,10 @@ fn execute(
     inputs: &[Array],
 ) -> Result<Vec<Array>, crate::Error> {
     let mut outputs: Vec<Array> = kernel
-        .output_types()
-        .into_iter()
-        .map(Array::zeros)
-        .collect();
+        .refs_of(RefKind::Output)
+        .map(|(_, r)| Array::try_zeros(r.ty.clone(), &format!("out %{}", r.name)))
+        .collect::<Result<_, _>>()
+        .map_err(|e| crate::Error::Run(RunError::Alloc(e)))?;
     let input_ptrs: Vec<*const c_void> = inputs.iter().map(|a| data_ptr(a.data())).collect();
     let output_ptrs: Vec<*mut c_void> = outputs
         .iter_mut()
@@ -440,7 +440,9 @@ unsafe fn execute_raw(
         );
         let big_len = big.iter().product::<u64>() as usize;
         let small_len = decl.ty.num_elements() as usize * eb;
-        let mut words = vec![0u32; big_len.div_ceil(4)];
+        let what = || format!("the padded copy of %{} ({padded:?})", decl.name);
+        let mut words = try_vec(what, big_len.div_ceil(4) as u64, 0u32)
+            .map_err(|e| crate::Error::Run(RunError::Alloc(e)))?;
         let bytes =
             unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr() as *mut u8, big_len) };
         if decl.kind == RefKind::Input {

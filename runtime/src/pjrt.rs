@@ -567,7 +567,8 @@ impl Client {
 
     fn download(&self, b: &Buffer, ty: &TensorType) -> Result<Array> {
         let size = ty.num_elements() as usize * ty.dtype.size_bytes();
-        let mut bytes = vec![0u8; size];
+        let mut bytes = kernel_ir::try_vec(|| format!("a result ({ty})"), size as u64, 0u8)
+            .map_err(|e| PjrtError(e.to_string()))?;
         // SAFETY: `bytes` has `size` bytes.
         unsafe { self.download_raw(b, bytes.as_mut_ptr() as *mut c_void, size) }?;
         array_from_bytes(ty, &bytes)

@@ -14,7 +14,7 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use crate::array::{Array, ArrayData};
+use crate::array::{try_vec, AllocError, Array, ArrayData};
 use crate::ir::{DimSemantics, Kernel, Op, OpKind, RefId, RefKind, Region, Value};
 use crate::print::Namer;
 use crate::verify::{check_block_in_bounds, unflatten, verify};
@@ -41,6 +41,9 @@ pub enum RunError {
         /// What is wrong.
         message: String,
     },
+    /// An array the run needs (an output, a scratch buffer or a block value) could not
+    /// be allocated.
+    Alloc(AllocError),
     /// A program faulted.
     Fault {
         /// Program ids of the faulting program.
@@ -57,6 +60,7 @@ impl fmt::Display for RunError {
         match self {
             RunError::Invalid(e) => e.fmt(f),
             RunError::BadArgument { index, message } => write!(f, "input {index}: {message}"),
+            RunError::Alloc(e) => e.fmt(f),
             RunError::Fault {
                 program,
                 op,
@@ -66,7 +70,42 @@ impl fmt::Display for RunError {
     }
 }
 
-impl std::error::Error for RunError {}
+impl std::error::Error for RunError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RunError::Alloc(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// Arrays larger than this are test-allocated by [`check_allocatable`].
+const PROBE_OVER_BYTES: u64 = 64 << 20;
+
+/// Checks that each large array a run of `kernel` needs (outputs, scratch buffers,
+/// block values) can be allocated, by allocating and freeing it once, so that a
+/// backend whose own allocations are infallible (XLA's, the interpreter's block
+/// values) reports [`RunError::Alloc`] instead of aborting.
+pub fn check_allocatable(kernel: &Kernel) -> Result<(), RunError> {
+    let refs = kernel
+        .refs
+        .iter()
+        .filter(|r| r.kind != RefKind::Input)
+        .map(|r| (format!("{} %{}", r.kind.keyword(), r.name), &r.ty));
+    let mut namer = None;
+    let values = kernel.value_types.iter().enumerate().map(|(i, ty)| {
+        let namer = namer.get_or_insert_with(|| Namer::new(kernel));
+        (format!("block value {}", namer.name(Value(i as u32))), ty)
+    });
+    let mut probed = std::collections::HashSet::new();
+    for (what, ty) in refs.chain(values) {
+        let bytes = ty.byte_size().unwrap_or(u64::MAX);
+        if bytes > PROBE_OVER_BYTES && probed.insert(bytes) {
+            try_vec(|| format!("{what} ({ty})"), bytes, 0u8).map_err(RunError::Alloc)?;
+        }
+    }
+    Ok(())
+}
 
 /// A fault inside one program, before it is tagged with the program id.
 struct Fault<'k> {
@@ -109,17 +148,20 @@ pub fn interpret(
 ) -> Result<Vec<Array>, RunError> {
     verify(kernel).map_err(RunError::Invalid)?;
     check_inputs(kernel, inputs)?;
-    let fill = |ty: &crate::types::TensorType| {
-        if options.poison_uninitialized {
-            Array::filled(ty.clone(), f64::NAN)
+    check_allocatable(kernel)?;
+    let fill = |r: &crate::ir::RefDecl| {
+        let value = if options.poison_uninitialized {
+            f64::NAN
         } else {
-            Array::zeros(ty.clone())
-        }
+            0.0
+        };
+        let what = format!("{} %{}", r.kind.keyword(), r.name);
+        Array::try_filled(r.ty.clone(), value, &what).map_err(RunError::Alloc)
     };
     let outputs: Vec<Mutex<Array>> = kernel
         .refs_of(RefKind::Output)
-        .map(|(_, r)| Mutex::new(fill(&r.ty)))
-        .collect();
+        .map(|(_, r)| fill(r).map(Mutex::new))
+        .collect::<Result<_, _>>()?;
 
     let parallel_prefix = kernel
         .dimension_semantics
@@ -140,11 +182,22 @@ pub fn interpret(
     let failed = AtomicBool::new(false);
     let first_fault: Mutex<Option<(u64, RunError)>> = Mutex::new(None);
     let namer = std::sync::OnceLock::new();
+    let record = |flat: u64, e: RunError| {
+        let mut slot = first_fault.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.as_ref().is_none_or(|(f, _)| flat < *f) {
+            *slot = Some((flat, e));
+        }
+        failed.store(true, Ordering::Relaxed);
+    };
     let worker = || {
-        let mut scratch: Vec<Array> = kernel
+        let scratch: Result<Vec<Array>, _> = kernel
             .refs_of(RefKind::Scratch)
-            .map(|(_, r)| fill(&r.ty))
+            .map(|(_, r)| fill(r))
             .collect();
+        let mut scratch = match scratch {
+            Ok(s) => s,
+            Err(e) => return record(0, e),
+        };
         loop {
             let o = next.fetch_add(1, Ordering::Relaxed);
             if o >= outer || failed.load(Ordering::Relaxed) {
@@ -164,12 +217,7 @@ pub fn interpret(
                         },
                         ProgramError::Run(e) => e,
                     };
-                    let mut slot = first_fault.lock().unwrap_or_else(|p| p.into_inner());
-                    if slot.as_ref().is_none_or(|(f, _)| flat < *f) {
-                        *slot = Some((flat, e));
-                    }
-                    failed.store(true, Ordering::Relaxed);
-                    return;
+                    return record(flat, e);
                 }
             }
         }

@@ -5,9 +5,9 @@ mod bwd;
 mod fwd;
 
 use kernel_ir::dsl::prelude::*;
-use kernel_ir::{Array, DimSemantics};
+use kernel_ir::{AllocError, Array, DimSemantics};
 
-use crate::common::{block, pid, random_array, tolerance_for, zero};
+use crate::common::{block, pid, random_array, tolerance_for, zero, zeros_f64};
 use crate::{BoxError, Exec, Op, ParamDef, Params, Tolerance};
 
 /// Shapes and options of an attention call. q/o are `[batch, heads, q_len, head_dim]`,
@@ -276,17 +276,17 @@ pub fn reference_forward(
     q: &[f64],
     k: &[f64],
     v: &[f64],
-) -> (Vec<f64>, Vec<f64>, Vec<Vec<f64>>) {
+) -> Result<(Vec<f64>, Vec<f64>, Vec<Vec<f64>>), AllocError> {
     let (sq, sk, d) = (c.q_len as usize, c.kv_len as usize, c.head_dim as usize);
-    let mut o = vec![0.0; q.len()];
-    let mut lse = vec![0.0; (c.batch * c.heads) as usize * sq];
+    let mut o = zeros_f64("output", q.len())?;
+    let mut lse = zeros_f64("lse", (c.batch * c.heads) as usize * sq)?;
     let mut probs = Vec::new();
     for b in 0..c.batch as usize {
         for h in 0..c.heads as usize {
             let hk = h / c.group() as usize;
             let qo = (b * c.heads as usize + h) * sq * d;
             let ko = (b * c.kv_heads as usize + hk) * sk * d;
-            let mut p = vec![0.0; sq * sk];
+            let mut p = zeros_f64("probabilities", sq.saturating_mul(sk))?;
             for i in 0..sq {
                 let mut row: Vec<f64> = (0..sk)
                     .map(|j| {
@@ -314,7 +314,7 @@ pub fn reference_forward(
             probs.push(p);
         }
     }
-    (o, lse, probs)
+    Ok((o, lse, probs))
 }
 
 /// Plain f64 attention gradients `(dq, dk, dv)` for output gradient `d_o`.
@@ -324,12 +324,12 @@ pub fn reference_backward(
     k: &[f64],
     v: &[f64],
     d_o: &[f64],
-) -> [Vec<f64>; 3] {
+) -> Result<[Vec<f64>; 3], AllocError> {
     let (sq, sk, d) = (c.q_len as usize, c.kv_len as usize, c.head_dim as usize);
-    let (o, _, probs) = reference_forward(c, q, k, v);
-    let mut dq = vec![0.0; q.len()];
-    let mut dk = vec![0.0; k.len()];
-    let mut dv = vec![0.0; v.len()];
+    let (o, _, probs) = reference_forward(c, q, k, v)?;
+    let mut dq = zeros_f64("dq", q.len())?;
+    let mut dk = zeros_f64("dk", k.len())?;
+    let mut dv = zeros_f64("dv", v.len())?;
     for b in 0..c.batch as usize {
         for h in 0..c.heads as usize {
             let hk = h / c.group() as usize;
@@ -355,7 +355,7 @@ pub fn reference_backward(
             }
         }
     }
-    [dq, dk, dv]
+    Ok([dq, dk, dv])
 }
 
 /// FlashAttention forward: `(q, k, v) -> (o, lse)`.
@@ -383,10 +383,10 @@ impl Op for FlashAttention {
     fn reference(c: &Self::Config, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
         let (o, lse, _) = reference_forward(
             c,
-            &inputs[0].to_f64(),
-            &inputs[1].to_f64(),
-            &inputs[2].to_f64(),
-        );
+            &inputs[0].try_to_f64("q")?,
+            &inputs[1].try_to_f64("k")?,
+            &inputs[2].try_to_f64("v")?,
+        )?;
         Ok(vec![o, lse])
     }
 
@@ -461,8 +461,12 @@ impl Op for FlashAttentionBwd {
     }
 
     fn reference(c: &Self::Config, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
-        let f: Vec<Vec<f64>> = inputs.iter().map(Array::to_f64).collect();
-        Ok(reference_backward(c, &f[0], &f[1], &f[2], &f[3]).to_vec())
+        let f: Vec<Vec<f64>> = ["q", "k", "v", "do"]
+            .iter()
+            .zip(inputs)
+            .map(|(name, a)| a.try_to_f64(name))
+            .collect::<Result<_, _>>()?;
+        Ok(reference_backward(c, &f[0], &f[1], &f[2], &f[3])?.to_vec())
     }
 
     fn tolerance(c: &Self::Config) -> Tolerance {
