@@ -269,6 +269,10 @@ impl AttentionConfig {
     }
 }
 
+/// The f64 reference's forward results: `(o, lse, p)` with `p[b * heads + h]` the
+/// `[q_len, kv_len]` probabilities.
+pub type ReferenceForward = (Vec<f64>, Vec<f64>, Vec<Vec<f64>>);
+
 /// Plain f64 attention: returns `(o, lse, p)` with `p[b][h]` the `[q_len, kv_len]`
 /// probabilities.
 pub fn reference_forward(
@@ -276,7 +280,7 @@ pub fn reference_forward(
     q: &[f64],
     k: &[f64],
     v: &[f64],
-) -> Result<(Vec<f64>, Vec<f64>, Vec<Vec<f64>>), AllocError> {
+) -> Result<ReferenceForward, AllocError> {
     let (sq, sk, d) = (c.q_len as usize, c.kv_len as usize, c.head_dim as usize);
     let mut o = zeros_f64("output", q.len())?;
     let mut lse = zeros_f64("lse", (c.batch * c.heads) as usize * sq)?;
