@@ -23,7 +23,7 @@ JAX_STAMP := $(VENV)/.jax-0.10.2-libtpu-0.0.42.1
 TORCH := torch==2.13.0 maturin==1.16.0 pytest torch-mlir==20261001
 TORCH_STAMP := $(VENV)/.torch-2.13.0-torch-mlir-20261001
 
-.PHONY: demo test setup apt python build lint fmt-check clippy clean
+.PHONY: demo test setup apt python build lint fmt-check clippy fuzz clean
 
 ## setup: install what the build and tests need (system packages; the venv with the
 ## PJRT plugin, jax/jaxlib/libtpu, torch, maturin and pytest).
@@ -68,10 +68,37 @@ build: setup
 demo: build
 	$(BIN) demo
 
-## test: every test (XLA, jaxlib and torch required), plus formatting and lints.
+## test: every test (XLA, jaxlib and torch required), formatting and lints, and a
+## bounded fuzzing run.
 test: setup lint python
 	TESSERA_REQUIRE_XLA=1 TESSERA_REQUIRE_JAX=1 $(CARGO) test --release --workspace
 	$(VENV)/bin/python -m pytest -q python/tests
+	$(MAKE) --no-print-directory fuzz
+
+## fuzz: coverage-guided fuzzing (libFuzzer, stable Rust) of the IR parser + verifier and
+## the cache-entry reader, FUZZ_SECONDS each, seeded with the library kernels' IR; the
+## committed regression inputs are replayed first. Crashes land in target/fuzz-artifacts/.
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := parse cache_entry
+FUZZ_RUSTFLAGS := -Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
+	-Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
+	-Cllvm-args=-sanitizer-coverage-trace-compares --cfg fuzzing -Cdebug-assertions -Coverflow-checks
+# An explicit --target keeps the instrumentation out of build scripts and proc macros.
+HOST := $(shell rustc -vV 2>/dev/null | sed -n 's/^host: //p')
+FUZZ_BIN := target/fuzz/$(HOST)/release
+fuzz: build
+	cd kernel-ir/fuzz && CARGO_TARGET_DIR=$(CURDIR)/target/fuzz RUSTFLAGS="$(FUZZ_RUSTFLAGS)" \
+		$(CARGO) build --release --bins -q --target $(HOST)
+	@mkdir -p target/fuzz-corpus/parse target/fuzz-corpus/cache_entry target/fuzz-artifacts
+	@for k in $$($(BIN) list); do $(BIN) ir $$k > target/fuzz-corpus/parse/$$k.ir; done
+	@for t in $(FUZZ_TARGETS); do \
+		echo "fuzz $$t: $(FUZZ_SECONDS) s"; \
+		$(FUZZ_BIN)/$$t target/fuzz-corpus/$$t kernel-ir/fuzz/regressions/$$t \
+			-max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
+			-artifact_prefix=target/fuzz-artifacts/$$t- > target/fuzz-artifacts/$$t.log 2>&1; \
+		rc=$$?; grep -E "^stat::(number_of_executed_units|new_units_added)|panicked|SUMMARY" target/fuzz-artifacts/$$t.log; \
+		test $$rc -eq 0 || { tail -30 target/fuzz-artifacts/$$t.log; echo "fuzz $$t failed: see target/fuzz-artifacts/"; exit 1; }; \
+	done
 
 lint: fmt-check clippy
 

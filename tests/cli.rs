@@ -446,3 +446,51 @@ fn xla_disk_cache_serves_new_processes_and_survives_corruption() {
     assert!(err.contains("xla @softmax: compiled"), "{err}");
     assert!(stdout(&third).trim_end().ends_with("backend=xla ok"));
 }
+
+#[test]
+fn two_processes_compiling_into_one_cache_leave_valid_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let spawn = |delay_ms: &str| {
+        Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .args(["run", "flash_attention_bwd", "--backend", "xla"])
+            .args(["--shape", "heads=2,kv_heads=1,q_len=20,kv_len=20"])
+            .env("TESSERA_CACHE_DIR", dir.path())
+            .env("TESSERA_LOG", "debug")
+            // Slow writers widen the window in which both write the same entries.
+            .env("TESSERA_CACHE_WRITE_DELAY_MS", delay_ms)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn("150"), spawn("150"));
+    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    if !a.status.success() && std::env::var_os("TESSERA_REQUIRE_XLA").is_none() {
+        return; // no PJRT plugin in this build
+    }
+    for o in [&a, &b] {
+        assert!(o.status.success(), "{}", stderr(o));
+        assert!(!stderr(o).contains("warning"), "{}", stderr(o));
+    }
+    assert_eq!(stdout(&a), stdout(&b), "the two processes' results differ");
+    let stats = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["cache", "stats"])
+        .env("TESSERA_CACHE_DIR", dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        stdout(&stats).contains("xla: 4 entries") && stdout(&stats).contains(" 0 leftover"),
+        "{}",
+        stdout(&stats)
+    );
+    // A third process loads all four kernels from the entries they left.
+    let c = spawn("0").wait_with_output().unwrap();
+    let err = stderr(&c);
+    assert_eq!(
+        err.matches("loaded from the disk cache").count(),
+        4,
+        "{err}"
+    );
+    assert!(!err.contains("warning"), "{err}");
+    assert_eq!(stdout(&c), stdout(&a));
+}

@@ -1,5 +1,6 @@
 //! Kernels for testing backends: [`op_zoo`] uses every op of the IR, so a backend that
-//! matches the interpreter on it implements the whole op set.
+//! matches the interpreter on it implements the whole op set. [`check_text_input`] is
+//! what the parser fuzzer asserts of every input.
 
 use crate::dsl::prelude::*;
 use crate::dsl::{branch, for_range};
@@ -62,4 +63,40 @@ pub fn op_zoo_inputs() -> [Array; 2] {
         Array::from_f32(DType::F32, [16, 8], x).expect("128 elements"),
         Array::from_i32([16, 8], n).expect("128 elements"),
     ]
+}
+
+/// Kernels [`check_text_input`] also interprets: few programs, small arrays, no loops
+/// (whose trip counts are data and could run for minutes).
+fn small_enough_to_run(k: &Kernel, text: &str) -> bool {
+    let small = |t: &TensorType| t.byte_size().is_some_and(|b| b <= 1 << 16);
+    let programs = k.grid.iter().try_fold(1u64, |a, &g| a.checked_mul(g));
+    programs.is_some_and(|p| p <= 64)
+        && k.refs.iter().all(|r| small(&r.ty))
+        && k.value_types.iter().all(small)
+        && !text.contains(" for ")
+}
+
+/// The parser's contract on untrusted text: any input is parsed (and so verified) or
+/// rejected with an error, never a panic; a kernel that parses prints back to text that
+/// parses to the same kernel; small ones run on the interpreter without a panic (the
+/// verifier's acceptance is what the interpreter relies on). Panics on a violation.
+pub fn check_text_input(text: &str) {
+    let Ok(kernel) = crate::parse_kernel(text) else {
+        return;
+    };
+    let printed = crate::print_kernel(&kernel);
+    let reparsed = crate::parse_kernel(&printed)
+        .unwrap_or_else(|e| panic!("the printed kernel does not parse: {e}\n{printed}"));
+    assert_eq!(
+        reparsed, kernel,
+        "print/parse round trip changed the kernel"
+    );
+    if small_enough_to_run(&kernel, text) {
+        let inputs: Vec<Array> = kernel.input_types().into_iter().map(Array::zeros).collect();
+        let options = crate::InterpretOptions {
+            poison_uninitialized: true,
+            threads: 1,
+        };
+        let _ = crate::interpret(&kernel, &inputs, &options);
+    }
 }

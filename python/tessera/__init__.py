@@ -50,7 +50,9 @@ def explain(kernel: str, **params) -> tuple:
     return _tessera.explain(kernel, [f"{k}={v}" for k, v in params.items()], _backend())
 
 
-def _check(t: torch.Tensor, name: str, rank: Optional[int] = None, dtype: Optional[torch.dtype] = None) -> str:
+def _check(t: torch.Tensor, name: str, rank: Optional[int] = None, dtype: Optional[torch.dtype] = None,
+           min_rank: int = 0) -> str:
+    """Checks one tensor argument (type, device, dtype, rank); returns its dtype name."""
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name}: expected a tensor, got {type(t).__name__}")
     if t.device.type != "cpu":
@@ -61,7 +63,28 @@ def _check(t: torch.Tensor, name: str, rank: Optional[int] = None, dtype: Option
         raise ValueError(f"{name}: dtype {t.dtype} differs from the first argument's {dtype}")
     if rank is not None and t.dim() != rank:
         raise ValueError(f"{name}: expected rank {rank}, got shape {tuple(t.shape)}")
+    if t.dim() < min_rank:
+        raise ValueError(f"{name}: expected at least {min_rank} dimension(s), got shape {tuple(t.shape)}")
     return _DTYPES[t.dtype]
+
+
+def _same_device(**tensors) -> torch.device:
+    """The one device of the tensor arguments (fake kernels see meta and CPU tensors
+    mixed, which must not produce a result)."""
+    devices = {t.device for t in tensors.values() if isinstance(t, torch.Tensor)}
+    if len(devices) > 1:
+        where = ", ".join(f"{n} on {t.device}" for n, t in tensors.items() if isinstance(t, torch.Tensor))
+        raise ValueError(f"tensor arguments are on different devices: {where}")
+    return devices.pop()
+
+
+def _check_eps(eps: float) -> None:
+    if not math.isfinite(eps):
+        raise ValueError(f"eps: expected a finite number, got {eps}")
+
+
+def _empty(like: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(like, memory_format=torch.contiguous_format)
 
 
 def _buffer(t: torch.Tensor, dt: str, shape=None):
@@ -90,7 +113,9 @@ def _rows(x: torch.Tensor):
 @torch.library.custom_op("tessera::softmax", mutates_args=())
 def softmax(x: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dimension."""
-    dt = _check(x, "x")
+    dt = _check(x, "x", min_rank=1)
+    if x.numel() == 0:
+        return _empty(x)
     x = x.contiguous()
     out = torch.empty_like(x)
     rows, cols = _rows(x)
@@ -100,16 +125,19 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
 
 @softmax.register_fake
 def _(x):
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+    return _empty(x)
 
 
 @torch.library.custom_op("tessera::rms_norm", mutates_args=())
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
     """``x / sqrt(mean(x^2) + eps) * weight`` over the last dimension."""
-    dt = _check(x, "x")
+    dt = _check(x, "x", min_rank=1)
     _check(weight, "weight", rank=1, dtype=x.dtype)
     if weight.shape[0] != x.shape[-1]:
         raise ValueError(f"weight: expected {x.shape[-1]} elements, got {weight.shape[0]}")
+    _check_eps(eps)
+    if x.numel() == 0:
+        return _empty(x)
     x, weight = x.contiguous(), weight.contiguous()
     out = torch.empty_like(x)
     rows, cols = _rows(x)
@@ -120,17 +148,21 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.
 
 @rms_norm.register_fake
 def _(x, weight, eps=1e-5):
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+    _same_device(x=x, weight=weight)
+    return _empty(x)
 
 
 @torch.library.custom_op("tessera::layer_norm", mutates_args=())
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
     """``(x - mean) / sqrt(var + eps) * weight + bias`` over the last dimension."""
-    dt = _check(x, "x")
+    dt = _check(x, "x", min_rank=1)
     for name, v in (("weight", weight), ("bias", bias)):
         _check(v, name, rank=1, dtype=x.dtype)
         if v.shape[0] != x.shape[-1]:
             raise ValueError(f"{name}: expected {x.shape[-1]} elements, got {v.shape[0]}")
+    _check_eps(eps)
+    if x.numel() == 0:
+        return _empty(x)
     x, weight, bias = x.contiguous(), weight.contiguous(), bias.contiguous()
     out = torch.empty_like(x)
     rows, cols = _rows(x)
@@ -141,16 +173,19 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
 
 @layer_norm.register_fake
 def _(x, weight, bias, eps=1e-5):
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+    _same_device(x=x, weight=weight, bias=bias)
+    return _empty(x)
 
 
 @torch.library.custom_op("tessera::swiglu", mutates_args=())
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up``, fused."""
-    dt = _check(gate, "gate")
+    dt = _check(gate, "gate", min_rank=1)
     _check(up, "up", dtype=gate.dtype)
     if gate.shape != up.shape:
         raise ValueError(f"up: shape {tuple(up.shape)} differs from gate's {tuple(gate.shape)}")
+    if gate.numel() == 0:
+        return _empty(gate)
     gate, up = gate.contiguous(), up.contiguous()
     out = torch.empty_like(gate)
     rows, cols = _rows(gate)
@@ -161,7 +196,8 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 @swiglu.register_fake
 def _(gate, up):
-    return torch.empty_like(gate, memory_format=torch.contiguous_format)
+    _same_device(gate=gate, up=up)
+    return _empty(gate)
 
 
 @torch.library.custom_op("tessera::matmul", mutates_args=())
@@ -171,9 +207,11 @@ def matmul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     _check(y, "y", rank=2, dtype=x.dtype)
     if x.shape[1] != y.shape[0]:
         raise ValueError(f"y: expected {x.shape[1]} rows to match x, got shape {tuple(y.shape)}")
-    x, y = x.contiguous(), y.contiguous()
     m, k = x.shape
     n = y.shape[1]
+    if m * n * k == 0:
+        return torch.zeros((m, n), dtype=x.dtype)
+    x, y = x.contiguous(), y.contiguous()
     out = torch.empty((m, n), dtype=x.dtype)
     _run("matmul", {"m": m, "k": k, "n": n, "dtype": dt}, [(x, [m, k]), (y, [k, n])], [(out, [m, n])])
     return out
@@ -181,6 +219,7 @@ def matmul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 @matmul.register_fake
 def _(x, y):
+    _same_device(x=x, y=y)
     return x.new_empty((x.shape[0], y.shape[1]))
 
 
@@ -193,6 +232,10 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         _check(t, name, rank=2, dtype=x.dtype)
         if tuple(t.shape) != (s, d):
             raise ValueError(f"{name}: expected shape {(s, d)}, got {tuple(t.shape)}")
+    if d % 2:
+        raise ValueError(f"x: rotary embedding needs an even head_dim, got {d}")
+    if x.numel() == 0:
+        return _empty(x)
     x, cos, sin = x.contiguous(), cos.contiguous(), sin.contiguous()
     out = torch.empty_like(x)
     params = {"batch": b, "heads": h, "seq": s, "head_dim": d, "dtype": dt}
@@ -202,7 +245,8 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 @rope.register_fake
 def _(x, cos, sin):
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+    _same_device(x=x, cos=cos, sin=sin)
+    return _empty(x)
 
 
 # ---- autograd of the non-attention ops ---------------------------------------------
@@ -270,9 +314,13 @@ def _attention_params(q, k, v, is_causal, scale):
     if k.shape[0] != b or k.shape[3] != d or k.shape != v.shape:
         raise ValueError(f"key/value: shapes {tuple(k.shape)}/{tuple(v.shape)} do not match query {tuple(q.shape)}")
     hkv, sk = k.shape[1], k.shape[2]
-    if h % hkv:
+    if hkv == 0 or h % hkv:
         raise ValueError(f"key: {hkv} heads do not divide the query's {h} heads")
+    if d == 0:
+        raise ValueError("query: head_dim must be at least 1")
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"scale: expected a finite number, got {scale}")
     return {
         "batch": b, "heads": h, "kv_heads": hkv, "q_len": sq, "kv_len": sk, "head_dim": d,
         "causal": "true" if is_causal else "false", "scale": repr(scale), "dtype": dt,
@@ -283,6 +331,10 @@ def _attention_params(q, k, v, is_causal, scale):
 def flash_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention output and its log-sum-exp ``[batch, heads, q_len, 1]`` (f32)."""
     params = _attention_params(q, k, v, is_causal, scale)
+    if q.numel() == 0 or k.numel() == 0:
+        # No keys: the output is zero and the log-sum-exp -inf (as PyTorch's SDPA).
+        return (torch.zeros(q.shape, dtype=q.dtype),
+                torch.full((*q.shape[:3], 1), -math.inf, dtype=torch.float32))
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     out = torch.empty_like(q)
     lse = torch.empty((*q.shape[:3], 1), dtype=torch.float32)
@@ -293,6 +345,7 @@ def flash_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_ca
 
 @flash_attention_fwd.register_fake
 def _(q, k, v, is_causal, scale):
+    _same_device(query=q, key=k, value=v)
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((*q.shape[:3], 1), dtype=torch.float32)
 
 
@@ -300,6 +353,11 @@ def _(q, k, v, is_causal, scale):
 def flash_attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, is_causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients ``(dq, dk, dv)`` of attention for an output gradient."""
     params = _attention_params(q, k, v, is_causal, scale)
+    _check(grad_out, "grad_out", rank=4)
+    if grad_out.shape != q.shape:
+        raise ValueError(f"grad_out: shape {tuple(grad_out.shape)} differs from query's {tuple(q.shape)}")
+    if q.numel() == 0 or k.numel() == 0:
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     q, k, v, grad_out = q.contiguous(), k.contiguous(), v.contiguous(), grad_out.contiguous().to(q.dtype)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     _run("flash_attention_bwd", params,
@@ -310,6 +368,7 @@ def flash_attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_
 
 @flash_attention_bwd.register_fake
 def _(q, k, v, grad_out, is_causal, scale):
+    _same_device(query=q, key=k, value=v, grad_out=grad_out)
     return (torch.empty_like(q, memory_format=torch.contiguous_format), torch.empty_like(k, memory_format=torch.contiguous_format),
             torch.empty_like(v, memory_format=torch.contiguous_format))
 
@@ -333,13 +392,15 @@ flash_attention_fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup)
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False, scale: Optional[float] = None) -> torch.Tensor:
     """``scaled_dot_product_attention(q, k, v, is_causal=..., scale=...)`` with GQA by head
     count: ``q: [batch, heads, q_len, d]``, ``k, v: [batch, kv_heads, kv_len, d]``."""
+    _attention_params(q, k, v, is_causal, scale)
     d = q.shape[-1]
     return torch.ops.tessera.flash_attention_fwd(q, k, v, is_causal, 1.0 / math.sqrt(d) if scale is None else scale)[0]
 
 
 @flash_attention.register_fake
 def _(q, k, v, is_causal=False, scale=None):
-    return torch.empty_like(q, memory_format=torch.contiguous_format)
+    _same_device(query=q, key=k, value=v)
+    return _empty(q)
 
 
 def _attn_setup(ctx, inputs, output):

@@ -256,6 +256,47 @@ def test_a_new_process_loads_the_executable_from_disk(tmp_path):
     assert runs[1].stdout.strip().endswith("{'memory': 0, 'disk': 1}"), runs[1].stdout
 
 
+# Two graphs (two executables), one with a Tessera kernel inside.
+SMALL_GRAPHS = (
+    "import torch, tessera\n"
+    "x = torch.randn(6, 5, generator=torch.Generator().manual_seed(0))\n"
+    "for f in (lambda x: torch.softmax(x @ x.t(), -1) * 2 + 1, lambda x: torch.tanh(x).sum(0)):\n"
+    "    torch.testing.assert_close(torch.compile(f, backend='tessera')(x), f(x))\n"
+    "print(tessera.graph_stats()['cache_hits'], tessera.graph_stats()['fallbacks'])\n"
+)
+
+
+def run_small_graphs(cache_dir):
+    env = {**os.environ, "TESSERA_CACHE_DIR": str(cache_dir)}
+    r = subprocess.run([sys.executable, "-c", SMALL_GRAPHS], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r
+
+
+def test_corrupt_cache_entries_are_recompiled_with_a_warning(tmp_path):
+    run_small_graphs(tmp_path)
+    entries = list((tmp_path / "xla").glob("*.bin"))
+    assert len(entries) == 2, entries
+    for e in entries:
+        data = bytearray(e.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        e.write_bytes(bytes(data))
+    r = run_small_graphs(tmp_path)
+    assert r.stderr.count("checksum mismatch; recompiling") == len(entries), r.stderr
+    assert r.stdout.strip().startswith("{'memory': 0, 'disk': 0} {}"), r.stdout
+    # The recompiled entries replaced the corrupt ones.
+    r = run_small_graphs(tmp_path)
+    assert "warning" not in r.stderr and r.stdout.startswith("{'memory': 0, 'disk': 2}"), (r.stdout, r.stderr)
+
+
+def test_an_unwritable_cache_dir_runs_from_memory_and_warns_once(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("a file where the cache directory should be")
+    r = run_small_graphs(blocker / "cache")
+    assert r.stderr.count("warning: tessera cache: could not store") == 1, r.stderr
+    assert r.stdout.strip().startswith("{'memory': 0, 'disk': 0} {}"), r.stdout
+
+
 def unsupported(x):
     return torch.fft.rfft(x).abs() + 1
 

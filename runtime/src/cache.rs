@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use sha2::{Digest, Sha256};
@@ -70,6 +70,8 @@ pub struct Cache<C: Compiler> {
     disk_hits: AtomicU64,
     compiles: AtomicU64,
     dropped: AtomicU64,
+    /// A store failed (reported once: an unwritable directory fails every store).
+    store_failed: AtomicBool,
 }
 
 /// The default disk-tier directory: `$TESSERA_CACHE_DIR`, else the user cache dir.
@@ -99,6 +101,7 @@ impl<C: Compiler> Cache<C> {
             disk_hits: AtomicU64::new(0),
             compiles: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
+            store_failed: AtomicBool::new(false),
         }
     }
 
@@ -192,10 +195,13 @@ impl<C: Compiler> Cache<C> {
                 .serialize(&exe)
                 .and_then(|payload| write_entry(&path, key, &payload).map_err(|e| e.to_string()));
             if let Err(e) = stored {
-                eprintln!(
-                    "warning: tessera cache: could not store {}: {e}",
-                    path.display()
-                );
+                if !self.store_failed.swap(true, Ordering::Relaxed) {
+                    eprintln!(
+                        "warning: tessera cache: could not store {}: {e}; executables \
+                         are kept in memory only (further store failures are not reported)",
+                        path.display()
+                    );
+                }
             }
         }
         Ok((exe, Source::Compiled))
@@ -218,6 +224,12 @@ fn read_entry(path: &Path, key: &[u8; 32]) -> Result<Option<Vec<u8>>, String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("unreadable ({e})")),
     };
+    decode_entry(&bytes, key).map(|payload| Some(payload.to_vec()))
+}
+
+/// The payload of an entry's bytes, checked against `key` (magic, format, key, length,
+/// checksum); `Err(reason)` when unusable. Total on any input (fuzzed).
+pub fn decode_entry<'b>(bytes: &'b [u8], key: &[u8; 32]) -> Result<&'b [u8], String> {
     if bytes.len() < HEADER {
         return Err(format!(
             "truncated ({} bytes, the header alone is {HEADER})",
@@ -236,9 +248,9 @@ fn read_entry(path: &Path, key: &[u8; 32]) -> Result<Option<Vec<u8>>, String> {
     if &bytes[8..40] != key {
         return Err("foreign entry (its key does not match its name)".into());
     }
-    let len = u64::from_le_bytes(bytes[40..48].try_into().expect("8 bytes")) as usize;
+    let len = u64::from_le_bytes(bytes[40..48].try_into().expect("8 bytes"));
     let payload = &bytes[HEADER..];
-    if payload.len() != len {
+    if payload.len() as u64 != len {
         return Err(format!(
             "truncated (payload {} of {len} bytes)",
             payload.len()
@@ -248,7 +260,19 @@ fn read_entry(path: &Path, key: &[u8; 32]) -> Result<Option<Vec<u8>>, String> {
     if bytes[48..80] != sum {
         return Err("checksum mismatch".into());
     }
-    Ok(Some(payload.to_vec()))
+    Ok(payload)
+}
+
+/// The bytes of an entry holding `payload` under `key`.
+pub fn encode_entry(key: &[u8; 32], payload: &[u8]) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(HEADER + payload.len());
+    bytes.extend_from_slice(MAGIC);
+    bytes.extend_from_slice(&FORMAT.to_le_bytes());
+    bytes.extend_from_slice(key);
+    bytes.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    bytes.extend_from_slice(&Sha256::digest(payload));
+    bytes.extend_from_slice(payload);
+    bytes
 }
 
 /// Delay between the two halves of an entry's write, for the kill-a-writer test.
@@ -263,13 +287,7 @@ fn write_delay() -> Option<std::time::Duration> {
 fn write_entry(path: &Path, key: &[u8; 32], payload: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().expect("entries live in a directory");
     fs::create_dir_all(dir)?;
-    let mut bytes = Vec::with_capacity(HEADER + payload.len());
-    bytes.extend_from_slice(MAGIC);
-    bytes.extend_from_slice(&FORMAT.to_le_bytes());
-    bytes.extend_from_slice(key);
-    bytes.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    bytes.extend_from_slice(&Sha256::digest(payload));
-    bytes.extend_from_slice(payload);
+    let bytes = encode_entry(key, payload);
     let tmp = dir.join(format!(".{}.{}.tmp", hex(&key[..8]), std::process::id()));
     let mut f = fs::File::create(&tmp)?;
     let half = bytes.len() / 2;

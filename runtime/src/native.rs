@@ -274,6 +274,8 @@ impl Native {
     pub fn run(&self, kernel: &Kernel, inputs: &[Array]) -> Result<Vec<Array>, crate::Error> {
         kernel_ir::check_inputs(kernel, inputs)?;
         let compiled = self.compile(kernel)?;
+        // The JIT'd code mallocs scratch and block buffers, which cannot fail cleanly.
+        kernel_ir::check_allocatable(kernel)?;
         execute(kernel, &compiled.0, &compiled.1, inputs)
     }
 
@@ -318,6 +320,7 @@ impl Native {
             )));
         }
         let compiled = self.compile(kernel)?;
+        kernel_ir::check_allocatable(kernel)?;
         debug(|| {
             format!(
                 "native @{}: running in place on the caller's buffers",

@@ -182,3 +182,37 @@ fn a_killed_writer_leaves_no_entry() {
     assert_eq!(count.load(Ordering::SeqCst), 1);
     assert_eq!(runtime::cache::clear(dir.path()).unwrap(), 2);
 }
+
+/// The cache-entry fuzzer's kept inputs (`kernel-ir/fuzz/regressions/cache_entry`) go
+/// through the same checks as in the fuzzer: decoding never panics, and what decodes is
+/// exactly the encoding of its payload.
+#[test]
+fn kept_fuzz_inputs_decode_or_are_rejected() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../kernel-ir/fuzz/regressions/cache_entry");
+    let key = [7u8; 32];
+    let mut accepted = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let bytes = std::fs::read(entry.unwrap().path()).unwrap();
+        if let Ok(payload) = runtime::cache::decode_entry(&bytes, &key) {
+            assert_eq!(runtime::cache::encode_entry(&key, payload), bytes);
+            accepted += 1;
+        }
+    }
+    assert_eq!(accepted, 1, "exactly one kept input is a valid entry");
+}
+
+/// A cache directory that cannot be written (here: a path under a regular file, which
+/// even root cannot create) leaves every lookup working from memory.
+#[test]
+fn an_unwritable_directory_keeps_executables_in_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"not a directory").unwrap();
+    let (c, count) = cache(&file.join("cache"));
+    for module in ["module D", "module E", "module D"] {
+        assert_eq!(*c.get(module).unwrap().0, format!("exe:{module}"));
+    }
+    assert_eq!(count.load(Ordering::SeqCst), 2);
+    assert_eq!((c.stats().compiles, c.stats().memory_hits), (2, 1));
+}

@@ -289,3 +289,27 @@ fn dots_of_every_layout_and_integer_dots_match_the_interpreter() {
         }
     }
 }
+
+/// Scratch and block buffers are malloc'ed by the JIT'd code, which cannot fail
+/// cleanly: a kernel whose buffers cannot be allocated is refused before it runs, on
+/// every backend, with the interpreter's error.
+#[test]
+fn buffers_too_large_for_memory_are_refused_before_running() {
+    let text = "kernel @k grid [1] semantics [parallel] {\n\
+                out %o : f32[8, 128] block [8, 128] map (i0) -> (0, 0) vmem\n\
+                scratch %s : f32[16777216, 16777216] vmem\n\
+                body {\n%0 = const 1.0 : f32[8, 128]\nstore %o[:, :], %0\n}\n}";
+    let k = kernel_ir::parse_kernel(text).unwrap();
+    for backend in [Backend::Native, Backend::Xla, Backend::Interp] {
+        if backend.unavailable_because(&k).is_some() {
+            continue;
+        }
+        match runtime::run(&k, &[], backend) {
+            Err(Error::Run(kernel_ir::RunError::Alloc(e))) => {
+                assert_eq!(e.bytes, Some(1 << 50), "{backend}");
+                assert!(e.what.starts_with("scratch %s"), "{backend}: {e}");
+            }
+            other => panic!("{backend}: expected an allocation error, got {other:?}"),
+        }
+    }
+}

@@ -7,8 +7,11 @@ use kernel_macros::{kernel, kernel_fn};
 use super::AttentionConfig;
 use crate::common::load_tile;
 
-/// Scores of masked-out (future) keys: finite, so `exp(s - m)` never sees `inf - inf`.
-pub(crate) const MASK_VALUE: f64 = -1e30;
+/// Scores of masked-out (future) keys. `-inf`, not a large finite value: a row whose
+/// visible scores are all `-inf` (infinite inputs) must not spread its weight over
+/// masked keys. [`attend`] keeps `exp(s - m)` free of `inf - inf` for rows that have
+/// seen no finite score, and such rows come out 0, as in PyTorch's SDPA.
+pub(crate) const MASK_VALUE: f64 = f64::NEG_INFINITY;
 
 /// Applies the causal mask (key position <= query position) to a score block whose
 /// first query is `q0` and first key `k0`.
@@ -66,8 +69,10 @@ fn attend(
         scores = causal_mask(scores, c.block_q, size, q0, k0);
     }
     let m_new = m.maximum(scores.max(1));
-    let p = (scores - m_new.expand_dims(1)).exp();
-    let alpha = (m - m_new).exp();
+    // Rows with no finite score yet subtract 0, so masked keys get exp(-inf) = 0.
+    let m_shift = select(m_new.eq(f64::NEG_INFINITY), 0.0, m_new);
+    let p = (scores - m_shift.expand_dims(1)).exp();
+    let alpha = (m - m_shift).exp();
     let l_new = l * alpha + p.sum(1);
     let acc_new = acc * alpha.expand_dims(1) + mxu_input(p, c.dtype).dot(vb);
     (m_new, l_new, acc_new)
@@ -125,7 +130,8 @@ pub(crate) fn flash_attention_fwd(
             c,
         );
     }
-    let out = (acc / l.expand_dims(1)).cast(c.dtype);
+    // Rows without a finite score have l = 0: output 0 (PyTorch's SDPA), not 0/0.
+    let out = select(l.eq(0.0).expand_dims(1), 0.0, acc / l.expand_dims(1)).cast(c.dtype);
     let log_sum_exp = m + l.log();
     if c.q_len % bq != 0 {
         let valid_rows = (iota([bq, c.head_dim], 0) + q0).lt(c.q_len);
