@@ -61,8 +61,9 @@ $(VENV)/torch: | $(TORCH_STAMP)
 python: setup
 	cd python && VIRTUAL_ENV=$(CURDIR)/$(VENV) PATH=$(CURDIR)/$(VENV)/bin:$$PATH maturin develop --release -q
 
+# Every crate with every feature (the facade's `cli` feature builds the `tessera` binary).
 build: setup
-	$(CARGO) build --release --workspace
+	$(CARGO) build --release --workspace --all-features
 
 ## demo: build, run every library kernel on every backend, print errors and timings.
 demo: build
@@ -71,7 +72,7 @@ demo: build
 ## test: every test (XLA, jaxlib and torch required), formatting and lints, and a
 ## bounded fuzzing run.
 test: setup lint python
-	TESSERA_REQUIRE_XLA=1 TESSERA_REQUIRE_JAX=1 $(CARGO) test --release --workspace
+	TESSERA_REQUIRE_XLA=1 TESSERA_REQUIRE_JAX=1 $(CARGO) test --release --workspace --all-features
 	$(VENV)/bin/python -m pytest -q python/tests
 	$(MAKE) --no-print-directory fuzz
 
@@ -105,8 +106,10 @@ lint: fmt-check clippy
 fmt-check:
 	$(CARGO) fmt --all -- --check
 
+# Also the light configuration (no features: interpreter only, no LLVM or libtorch).
 clippy: setup
-	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --release --workspace --all-targets --all-features -- -D warnings
+	$(CARGO) clippy --release -p tessera -p runtime --all-targets -- -D warnings
 
 clean:
 	$(CARGO) clean

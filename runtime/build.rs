@@ -2,11 +2,14 @@
 //! (installed into `.venv` by `make setup`), and XLA FFI bindings (custom calls that run
 //! Tessera kernels inside XLA programs) from the header jaxlib ships. Without the PJRT
 //! header the XLA backend is compiled out and reports why it is unavailable; without
-//! the FFI header, XLA programs cannot call Tessera kernels (graph mode says so).
+//! the FFI header, XLA programs cannot call Tessera kernels (graph mode says so). Nothing
+//! is generated without the `xla` feature.
 
+#[cfg(feature = "xla")]
 use std::path::{Path, PathBuf};
 
 /// `<repo>/.venv/lib/python3.*/site-packages/<package>`, if it holds `file`.
+#[cfg(feature = "xla")]
 fn site_package(repo: &Path, package: &str, file: &str) -> Option<PathBuf> {
     let lib = repo.join(".venv").join("lib");
     std::fs::read_dir(&lib).ok()?.flatten().find_map(|entry| {
@@ -17,6 +20,7 @@ fn site_package(repo: &Path, package: &str, file: &str) -> Option<PathBuf> {
 
 /// Generates bindings for the types (and constants) named `prefix*` in `header` into
 /// `OUT_DIR/out` and sets `cfg`; warns `without` if bindgen fails.
+#[cfg(feature = "xla")]
 fn bindings(header: &Path, prefix: &str, out: &str, cfg: &str, without: &str) {
     println!("cargo:rerun-if-changed={}", header.display());
     let generated = bindgen::Builder::default()
@@ -41,8 +45,8 @@ fn bindings(header: &Path, prefix: &str, out: &str, cfg: &str, without: &str) {
 }
 
 /// XLA FFI bindings (cfg `tessera_xla_ffi`) from `jaxlib/include/xla/ffi/api/c_api.h`.
+#[cfg(feature = "xla")]
 fn xla_ffi_bindings(repo: &Path) {
-    println!("cargo:rustc-check-cfg=cfg(tessera_xla_ffi)");
     let file = "include/xla/ffi/api/c_api.h";
     let without = "XLA programs cannot call Tessera kernels";
     match site_package(repo, "jaxlib", file) {
@@ -59,6 +63,14 @@ fn xla_ffi_bindings(repo: &Path) {
 
 fn main() {
     println!("cargo:rustc-check-cfg=cfg(tessera_pjrt)");
+    println!("cargo:rustc-check-cfg=cfg(tessera_xla_ffi)");
+    #[cfg(feature = "xla")]
+    xla_bindings();
+}
+
+/// PJRT and XLA FFI bindings, for the `xla` feature.
+#[cfg(feature = "xla")]
+fn xla_bindings() {
     println!("cargo:rerun-if-env-changed=TESSERA_PJRT_HEADER");
     println!("cargo:rerun-if-env-changed=TESSERA_PJRT_PLUGIN");
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));

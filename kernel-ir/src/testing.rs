@@ -11,15 +11,25 @@ fn spec(shape: [u64; 2]) -> BlockSpecFn {
 }
 
 /// A kernel over `f32[16, 8]` and `i32[16, 8]` inputs (two programs of 8 rows) that
-/// uses every op: unary/binary float and integer math (floor division and remainder of
-/// negatives), transposes, min/max reductions, an `if` with a result, a `for` with a
-/// carried value, `select`, casts between bool, i32, bf16 and f32, `iota`,
+/// uses every op and operator (`tests::op_zoo_uses_every_op` checks it): unary/binary
+/// float and integer math (floor division and remainder of negatives), every
+/// comparison, transposes, reshapes, sum/min/max reductions, `dot` (plain and
+/// transposed), loads of whole blocks, static and dynamic slices, a single row and
+/// masked lanes, plain and masked stores, an `if` with a result, a `for` with a carried
+/// value, `select`, casts between bool, i32, bf16 and f32, `iota`, `program_id`,
 /// `num_programs`. Outputs: `f32[16, 8]`, `i32[16, 8]`.
 pub fn op_zoo() -> Kernel {
     let f = TensorType::new(DType::F32, [16, 8]);
     let i = TensorType::new(DType::I32, [16, 8]);
     pallas_call(|x: Ref, n: Ref, of: Ref, oi: Ref| {
+        let pid = program_id(0);
         let v = x.read();
+        // Windows: rows [2, 6), rows [pid, pid + 4), row 3, masked lanes.
+        let rows = x.load(s![ds(2, 4), ..]).sum(0) + x.load(s![ds(pid, 4), ..]).max(0);
+        let row = x.load(s![3, ..]) + rows;
+        let masked = x.load_masked(s![.., ..], v.gt(0.0), -1.0);
+        let gram = v.dot(masked.t()) * 0.125 + dot_general(v, v, false, true) * 0.0625;
+        let v = v + gram.reshape([64]).reshape([8, 8]) + row.expand_dims(0);
         let a = v.abs() + 0.5;
         let t = v.tanh() + a.sqrt() + a.pow(1.5) + (v % 0.3) + a.log() + a.rsqrt();
         let tt = t.t().t() + t.transpose(vec![1, 0]).t();
@@ -27,6 +37,7 @@ pub fn op_zoo() -> Kernel {
         let k = n.read();
         let q = k / 3 + k % 3 + (-k) / 4 + (-k) % 4 + k.maximum(2).minimum(5) - k.abs();
         let q = q + (!k) + (k.ge(0) & k.lt(4)).cast(DType::I32) + iota([8, 8], 1) * num_programs(0);
+        let q = q + (k.eq(1) | k.ne(2)).cast(DType::I32) + k.le(-3).cast(DType::I32) + pid;
         let flag = q.cast(DType::F32).sum(1).sum(0).gt(0.0);
         let ((), picked) = branch(flag, (), |vars| (vars, mins * 2.0), |vars| (vars, -mins));
         let looped = for_range(0, 3, 1, picked, |j, acc| {
@@ -34,6 +45,7 @@ pub fn op_zoo() -> Kernel {
         });
         let sel = select(v.lt(0.0), looped, -(-v.exp()));
         of.write(sel + q.cast(DType::F32).cast(DType::BF16).cast(DType::F32));
+        of.store_masked(s![.., ..], sel * 0.5, k.gt(5));
         oi.write(
             q + sel.cast(DType::I32)
                 + sel
@@ -98,5 +110,135 @@ pub fn check_text_input(text: &str) {
             threads: 1,
         };
         let _ = crate::interpret(&kernel, &inputs, &options);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use crate::ir::{BinaryOp, CmpPred, Index, OpKind, ReduceOp, Region, Start, UnaryOp};
+
+    fn index_forms(index: &[Index]) -> impl Iterator<Item = String> + '_ {
+        index.iter().map(|i| {
+            match i {
+                Index::Full => "index.full",
+                Index::At(_) => "index.at",
+                Index::Slice {
+                    start: Start::Static(_),
+                    ..
+                } => "index.slice.static",
+                Index::Slice {
+                    start: Start::Dynamic(_),
+                    ..
+                } => "index.slice.dynamic",
+            }
+            .to_string()
+        })
+    }
+
+    /// What an op exercises: its mnemonic, comparison predicate, and for memory ops
+    /// their mask and index forms.
+    fn features(kind: &OpKind) -> Vec<String> {
+        let mut out = vec![kind.mnemonic().to_string()];
+        match kind {
+            OpKind::Compare { pred, .. } => out.push(format!("cmp.{}", pred.name())),
+            OpKind::Load { index, mask, .. } => {
+                out.extend(index_forms(index));
+                if mask.is_some() {
+                    out.push("load.masked".into());
+                }
+            }
+            OpKind::Store { index, mask, .. } => {
+                out.extend(index_forms(index));
+                if mask.is_some() {
+                    out.push("store.masked".into());
+                }
+            }
+            _ => {}
+        }
+        out
+    }
+
+    /// Everything the IR has. The match is exhaustive on purpose: a new `OpKind` variant
+    /// does not compile here until it is listed (and then must appear in `op_zoo`).
+    fn every_feature() -> BTreeSet<String> {
+        fn _listed(kind: &OpKind) {
+            match kind {
+                OpKind::ProgramId { .. }
+                | OpKind::NumPrograms { .. }
+                | OpKind::Constant { .. }
+                | OpKind::Iota { .. }
+                | OpKind::Load { .. }
+                | OpKind::Store { .. }
+                | OpKind::Broadcast { .. }
+                | OpKind::Reshape { .. }
+                | OpKind::Transpose { .. }
+                | OpKind::Unary { .. }
+                | OpKind::Binary { .. }
+                | OpKind::Compare { .. }
+                | OpKind::Select { .. }
+                | OpKind::Cast { .. }
+                | OpKind::Reduce { .. }
+                | OpKind::Dot { .. }
+                | OpKind::For { .. }
+                | OpKind::If { .. }
+                | OpKind::Yield { .. } => {}
+            }
+        }
+        let structural = [
+            "program_id",
+            "num_programs",
+            "const",
+            "iota",
+            "load",
+            "store",
+            "broadcast",
+            "reshape",
+            "transpose",
+            "cmp",
+            "select",
+            "cast",
+            "dot",
+            "for",
+            "if",
+            "yield",
+            "index.full",
+            "index.at",
+            "index.slice.static",
+            "index.slice.dynamic",
+            "load.masked",
+            "store.masked",
+        ];
+        let operators = UnaryOp::ALL
+            .iter()
+            .map(|o| o.name())
+            .chain(BinaryOp::ALL.iter().map(|o| o.name()))
+            .chain(ReduceOp::ALL.iter().map(|o| o.name()));
+        let predicates = CmpPred::ALL.iter().map(|p| format!("cmp.{}", p.name()));
+        structural
+            .iter()
+            .copied()
+            .chain(operators)
+            .map(String::from)
+            .chain(predicates)
+            .collect()
+    }
+
+    fn collect(region: &Region, into: &mut BTreeSet<String>) {
+        for op in &region.ops {
+            into.extend(features(&op.kind));
+            for r in op.kind.regions() {
+                collect(r, into);
+            }
+        }
+    }
+
+    #[test]
+    fn op_zoo_uses_every_op() {
+        let mut used = BTreeSet::new();
+        collect(&super::op_zoo().body, &mut used);
+        let missing: Vec<_> = every_feature().difference(&used).cloned().collect();
+        assert!(missing.is_empty(), "op_zoo does not use: {missing:?}");
     }
 }

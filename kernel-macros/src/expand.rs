@@ -33,7 +33,8 @@ pub fn expand(attr: TokenStream, item: TokenStream, kind: Kind) -> TokenStream {
         errors: sig_errors,
     } = analyze(&mut func, kind);
     errors.extend(sig_errors);
-    let mut rewriter = Rewriter::default();
+    let dsl = crate::paths::dsl_path();
+    let mut rewriter = Rewriter::new(dsl.clone());
     rewriter.rewrite_body(&mut func.block);
     errors.extend(rewriter.errors);
     if let Some(first) = errors.into_iter().reduce(|mut a, b| {
@@ -47,7 +48,7 @@ pub fn expand(attr: TokenStream, item: TokenStream, kind: Kind) -> TokenStream {
         let names: Vec<String> = refs.iter().map(|r| r.to_string()).collect();
         let stmts = std::mem::take(&mut func.block.stmts);
         func.block = syn::parse_quote!({
-            ::kernel_ir::dsl::kernel_prologue(#name, &[#((#refs, #names)),*]);
+            #dsl::kernel_prologue(#name, &[#((#refs, #names)),*]);
             #(#stmts)*
         });
     }

@@ -10,6 +10,7 @@
 mod carried;
 mod checks;
 mod expand;
+mod paths;
 mod rewrite;
 mod signature;
 

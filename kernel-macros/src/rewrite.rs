@@ -11,15 +11,25 @@ use crate::carried::{assigned_in_block, assigned_in_expr, Assigned};
 use crate::checks::{error, unsupported_expr, unsupported_macro};
 
 /// The body rewriter; collects every error instead of stopping at the first.
-#[derive(Default)]
 pub struct Rewriter {
     /// Problems found, each at the user's span.
     pub errors: Vec<syn::Error>,
     /// For each enclosing loop: true when it is traced (an IR loop).
     loops: Vec<bool>,
+    /// The path of the DSL runtime from the user's crate.
+    dsl: TokenStream,
 }
 
 impl Rewriter {
+    /// A rewriter emitting calls into the DSL runtime at `dsl`.
+    pub fn new(dsl: TokenStream) -> Self {
+        Rewriter {
+            errors: Vec::new(),
+            loops: Vec::new(),
+            dsl,
+        }
+    }
+
     /// Rewrites a function body in place.
     pub fn rewrite_body(&mut self, block: &mut syn::Block) {
         self.visit_block_mut(block);
@@ -84,9 +94,10 @@ impl Rewriter {
         let body = &f.body;
         let span = f.for_token.span;
         let assign_back = assign_back(vars);
+        let dsl = crate::paths::at_span(&self.dsl, span);
         Some(syn::parse_quote_spanned! {span=> {
             #[allow(unused_mut)]
-            let __tessera_carried = ::kernel_ir::dsl::for_range(
+            let __tessera_carried = #dsl::for_range(
                 #lo, #hi, #step, (#(#vars,)*),
                 |#var, (#(mut #vars,)*)| { #body; (#(#vars,)*) },
             );
@@ -118,9 +129,10 @@ impl Rewriter {
         };
         let span = i.if_token.span;
         let assign_back = assign_back(vars);
+        let dsl = crate::paths::at_span(&self.dsl, span);
         syn::parse_quote_spanned! {span=> {
             #[allow(unused_mut)]
-            let (__tessera_carried, __tessera_value) = ::kernel_ir::dsl::branch(
+            let (__tessera_carried, __tessera_value) = #dsl::branch(
                 #cond,
                 (#(#vars,)*),
                 |(#(mut #vars,)*)| { let __tessera_value = #then_branch; ((#(#vars,)*), __tessera_value) },
@@ -219,10 +231,11 @@ impl VisitMut for Rewriter {
                 visit_mut::visit_expr_binary_mut(self, b);
                 let (l, r) = (&b.left, &b.right);
                 let span = b.op.span();
+                let dsl = crate::paths::at_span(&self.dsl, span);
                 let call = |m: &str, t: &str| {
                     let method = Ident::new(m, span);
                     let tr = Ident::new(t, span);
-                    quote_spanned!(span=> ::kernel_ir::dsl::#tr::#method(#l, #r))
+                    quote_spanned!(span=> #dsl::#tr::#method(#l, #r))
                 };
                 let new: Option<TokenStream> = match b.op {
                     BinOp::Lt(_) => Some(call("k_lt", "KernelOrd")),
@@ -232,11 +245,9 @@ impl VisitMut for Rewriter {
                     BinOp::Eq(_) => Some(call("k_eq", "KernelEq")),
                     BinOp::Ne(_) => Some(call("k_ne", "KernelEq")),
                     BinOp::And(_) => {
-                        Some(quote_spanned!(span=> ::kernel_ir::dsl::KernelLogic::k_and(#l, || #r)))
+                        Some(quote_spanned!(span=> #dsl::KernelLogic::k_and(#l, || #r)))
                     }
-                    BinOp::Or(_) => {
-                        Some(quote_spanned!(span=> ::kernel_ir::dsl::KernelLogic::k_or(#l, || #r)))
-                    }
+                    BinOp::Or(_) => Some(quote_spanned!(span=> #dsl::KernelLogic::k_or(#l, || #r))),
                     _ => None,
                 };
                 if let Some(tokens) = new {

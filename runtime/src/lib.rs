@@ -12,6 +12,7 @@ use std::str::FromStr;
 pub mod cache;
 #[cfg(all(tessera_pjrt, tessera_xla_ffi))]
 pub mod custom_call;
+#[cfg(feature = "native")]
 pub mod native;
 pub mod peak;
 #[cfg(tessera_pjrt)]
@@ -53,7 +54,7 @@ impl Backend {
         match self {
             Backend::Interp | Backend::Auto => None,
             Backend::Xla => xla_unavailable().map(String::from),
-            Backend::Native => lowering::cpu::unsupported(kernel),
+            Backend::Native => native_unavailable(kernel),
         }
     }
 }
@@ -77,6 +78,16 @@ impl FromStr for Backend {
     }
 }
 
+#[cfg(feature = "native")]
+fn native_unavailable(kernel: &Kernel) -> Option<String> {
+    lowering::cpu::unsupported(kernel)
+}
+
+#[cfg(not(feature = "native"))]
+fn native_unavailable(_kernel: &Kernel) -> Option<String> {
+    Some("tessera was built without the `native` feature (it links LLVM/MLIR 22)".into())
+}
+
 #[cfg(tessera_pjrt)]
 fn xla_unavailable() -> Option<&'static str> {
     xla::backend().err()
@@ -84,7 +95,11 @@ fn xla_unavailable() -> Option<&'static str> {
 
 #[cfg(not(tessera_pjrt))]
 fn xla_unavailable() -> Option<&'static str> {
-    Some("tessera was built without the PJRT header: run `make setup`, then rebuild")
+    Some(if cfg!(feature = "xla") {
+        "tessera was built without the PJRT header: run `make setup`, then rebuild"
+    } else {
+        "tessera was built without the `xla` feature"
+    })
 }
 
 /// Errors of the runtime.
@@ -134,6 +149,7 @@ pub fn backend_from_env() -> Result<Option<Backend>, Error> {
 
 /// Prints a line on stderr when `TESSERA_LOG=debug` (how executables were obtained,
 /// which path a call took); `message` is only built then.
+#[cfg(any(feature = "native", tessera_pjrt))]
 pub(crate) fn debug(message: impl FnOnce() -> String) {
     if std::env::var("TESSERA_LOG").is_ok_and(|v| v == "debug") {
         eprintln!("debug: {}", message());
@@ -193,7 +209,7 @@ pub fn run(
             kernel_ir::check_allocatable(kernel)?;
             run_xla(kernel, inputs)?
         }
-        Backend::Native => match native::backend().run(kernel, inputs) {
+        Backend::Native => match run_native(kernel, inputs) {
             // `auto` moves on when the JIT cannot compile the kernel.
             Err(Error::Native(reason)) if requested == Backend::Auto => {
                 let fallback = Backend::PREFERENCE[1..]
@@ -211,6 +227,19 @@ pub fn run(
         Backend::Auto => unreachable!("resolve() returns a concrete backend"),
     };
     Ok((outputs, resolution))
+}
+
+#[cfg(feature = "native")]
+fn run_native(kernel: &Kernel, inputs: &[Array]) -> Result<Vec<Array>, Error> {
+    native::backend().run(kernel, inputs)
+}
+
+#[cfg(not(feature = "native"))]
+fn run_native(kernel: &Kernel, _inputs: &[Array]) -> Result<Vec<Array>, Error> {
+    Err(Error::Unavailable {
+        backend: Backend::Native,
+        reason: native_unavailable(kernel).unwrap_or_default(),
+    })
 }
 
 #[cfg(tessera_pjrt)]

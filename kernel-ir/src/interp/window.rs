@@ -1,5 +1,6 @@
-//! Addressing a window of a ref: which array elements a load or store touches, with
-//! bounds checks against the block extent and the array.
+//! Addressing a window of a ref: which array elements a load or store touches. Indices
+//! are checked against the block extent; an edge block may overhang its array (Pallas's
+//! semantics: reads there are unspecified, writes are dropped).
 
 use crate::array::ArrayData;
 use crate::ir::{BlockDim, Index, RefDecl, Start};
@@ -83,22 +84,18 @@ pub(super) fn resolve(
     Ok(out)
 }
 
-/// A lane that must be accessed but lies outside the array.
-pub(super) struct OutOfBounds {
-    pub coords: Vec<u64>,
-}
-
 /// Calls `f(window_offset, array_offset, in_bounds, count)` for each contiguous run of
 /// the window along the last array dim; the first `in_bounds` elements of the run exist
-/// in the array. Returns the number of window elements.
+/// in the array (the rest overhang it: an edge block). Returns the number of window
+/// elements.
 fn for_each_run(
     dims: &[DimAccess],
     shape: &[u64],
-    mut f: impl FnMut(usize, usize, usize, usize) -> Result<(), OutOfBounds>,
-) -> Result<usize, OutOfBounds> {
+    mut f: impl FnMut(usize, usize, usize, usize),
+) -> usize {
     if dims.is_empty() {
-        f(0, 0, 1, 1)?;
-        return Ok(1);
+        f(0, 0, 1, 1);
+        return 1;
     }
     let strides = row_major_strides(shape);
     let last = dims.len() - 1;
@@ -117,18 +114,12 @@ fn for_each_run(
             array_off += (c * strides[d]) as usize;
         }
         let in_bounds = if outer_ok { in_bounds_last } else { 0 };
-        f(window_off, array_off, in_bounds, count).map_err(|mut e| {
-            // f reports the lane in `coords[0]`; expand it to full array coordinates.
-            let lane = e.coords[0];
-            e.coords = (0..last).map(|d| dims[d].start + idx[d]).collect();
-            e.coords.push(dims[last].start + lane);
-            e
-        })?;
+        f(window_off, array_off, in_bounds, count);
         window_off += count;
         let mut d = last;
         loop {
             if d == 0 {
-                return Ok(window_off);
+                return window_off;
             }
             d -= 1;
             idx[d] += 1;
@@ -140,114 +131,95 @@ fn for_each_run(
     }
 }
 
+/// Reads the window: masked-off lanes read `other`, lanes past the array `poison`.
 fn gather<T: Copy>(
     src: &[T],
     dims: &[DimAccess],
     shape: &[u64],
     len: usize,
     mask: Option<&[bool]>,
-    other: T,
-) -> Result<Vec<T>, OutOfBounds> {
+    (other, poison): (T, T),
+) -> Vec<T> {
     let mut out = Vec::with_capacity(len);
-    for_each_run(dims, shape, |w, a, in_bounds, count| {
-        match mask {
-            None if in_bounds == count => out.extend_from_slice(&src[a..a + count]),
-            None => {
-                return Err(OutOfBounds {
-                    coords: vec![in_bounds as u64],
-                })
+    for_each_run(dims, shape, |w, a, in_bounds, count| match mask {
+        None => {
+            if in_bounds > 0 {
+                out.extend_from_slice(&src[a..a + in_bounds]);
             }
-            Some(m) => {
-                for j in 0..count {
-                    if !m[w + j] {
-                        out.push(other);
-                    } else if j < in_bounds {
-                        out.push(src[a + j]);
-                    } else {
-                        return Err(OutOfBounds {
-                            coords: vec![j as u64],
-                        });
-                    }
-                }
-            }
+            out.resize(out.len() + count - in_bounds, poison);
         }
-        Ok(())
-    })?;
-    Ok(out)
+        Some(m) => out.extend((0..count).map(|j| match (m[w + j], j < in_bounds) {
+            (false, _) => other,
+            (true, true) => src[a + j],
+            (true, false) => poison,
+        })),
+    });
+    out
 }
 
+/// Writes the window: masked-off lanes and lanes past the array are left alone.
 fn scatter<T: Copy>(
     dst: &mut [T],
     dims: &[DimAccess],
     shape: &[u64],
     values: &[T],
     mask: Option<&[bool]>,
-) -> Result<(), OutOfBounds> {
-    for_each_run(dims, shape, |w, a, in_bounds, count| {
-        match mask {
-            None if in_bounds == count => dst[a..a + count].copy_from_slice(&values[w..w + count]),
-            None => {
-                return Err(OutOfBounds {
-                    coords: vec![in_bounds as u64],
-                })
-            }
-            Some(m) => {
-                for j in 0..count {
-                    if m[w + j] {
-                        if j >= in_bounds {
-                            return Err(OutOfBounds {
-                                coords: vec![j as u64],
-                            });
-                        }
-                        dst[a + j] = values[w + j];
-                    }
-                }
+) {
+    // Runs wholly past the array (in_bounds == 0) may start past its end: skip them.
+    for_each_run(dims, shape, |w, a, in_bounds, _| match mask {
+        _ if in_bounds == 0 => {}
+        None => dst[a..a + in_bounds].copy_from_slice(&values[w..w + in_bounds]),
+        Some(m) => {
+            for j in (0..in_bounds).filter(|&j| m[w + j]) {
+                dst[a + j] = values[w + j];
             }
         }
-        Ok(())
-    })
-    .map(|_| ())
+    });
 }
 
 /// Reads a window; masked-off lanes read `other` (a one-element storage, or zero).
+/// Lanes of an edge block that lie past the array read poison (NaN, `i32::MIN`,
+/// `false`): their values are unspecified, as in Pallas, and a kernel that lets them
+/// reach its outputs shows NaN.
 pub(super) fn load(
     src: &ArrayData,
     shape: &[u64],
     dims: &[DimAccess],
     mask: Option<&[bool]>,
     other: Option<&ArrayData>,
-) -> Result<ArrayData, OutOfBounds> {
+) -> ArrayData {
     let len: usize = dims.iter().map(|d| d.count as usize).product();
-    Ok(match src {
+    match src {
         ArrayData::Float(v) => {
             let o = match other {
                 Some(ArrayData::Float(o)) => o[0],
                 _ => 0.0,
             };
-            ArrayData::Float(gather(v, dims, shape, len, mask, o)?)
+            ArrayData::Float(gather(v, dims, shape, len, mask, (o, f32::NAN)))
         }
         ArrayData::Int(v) => {
             let o = match other {
                 Some(ArrayData::Int(o)) => o[0],
                 _ => 0,
             };
-            ArrayData::Int(gather(v, dims, shape, len, mask, o)?)
+            ArrayData::Int(gather(v, dims, shape, len, mask, (o, i32::MIN)))
         }
         ArrayData::Bool(v) => {
             let o = matches!(other, Some(ArrayData::Bool(o)) if o[0]);
-            ArrayData::Bool(gather(v, dims, shape, len, mask, o)?)
+            ArrayData::Bool(gather(v, dims, shape, len, mask, (o, false)))
         }
-    })
+    }
 }
 
-/// Writes a window; masked-off lanes are left untouched.
+/// Writes a window; masked-off lanes, and lanes of an edge block past the array (as in
+/// Pallas), are left untouched.
 pub(super) fn store(
     dst: &mut ArrayData,
     shape: &[u64],
     dims: &[DimAccess],
     values: &ArrayData,
     mask: Option<&[bool]>,
-) -> Result<(), OutOfBounds> {
+) {
     match (dst, values) {
         (ArrayData::Float(d), ArrayData::Float(v)) => scatter(d, dims, shape, v, mask),
         (ArrayData::Int(d), ArrayData::Int(v)) => scatter(d, dims, shape, v, mask),
