@@ -325,6 +325,8 @@ pub enum UnaryOp {
     Rsqrt,
     /// Square root.
     Sqrt,
+    /// The Gauss error function (exact GELU: `x * (1 + erf(x / sqrt(2))) / 2`).
+    Erf,
     /// Logical / bitwise not (bool and i32).
     Not,
 }
@@ -402,7 +404,7 @@ macro_rules! op_names {
 }
 
 op_names!(UnaryOp { Neg => "neg", Abs => "abs", Exp => "exp", Log => "log", Tanh => "tanh",
-    Rsqrt => "rsqrt", Sqrt => "sqrt", Not => "not" });
+    Rsqrt => "rsqrt", Sqrt => "sqrt", Erf => "erf", Not => "not" });
 op_names!(BinaryOp { Add => "add", Sub => "sub", Mul => "mul", Div => "div", Rem => "rem",
     Max => "max", Min => "min", Pow => "pow", And => "and", Or => "or" });
 op_names!(CmpPred { Eq => "eq", Ne => "ne", Lt => "lt", Le => "le", Gt => "gt", Ge => "ge" });

@@ -31,7 +31,7 @@ pub fn op_zoo() -> Kernel {
         let gram = v.dot(masked.t()) * 0.125 + dot_general(v, v, false, true) * 0.0625;
         let v = v + gram.reshape([64]).reshape([8, 8]) + row.expand_dims(0);
         let a = v.abs() + 0.5;
-        let t = v.tanh() + a.sqrt() + a.pow(1.5) + (v % 0.3) + a.log() + a.rsqrt();
+        let t = v.tanh() + a.sqrt() + a.pow(1.5) + (v % 0.3) + a.log() + a.rsqrt() + v.erf();
         let tt = t.t().t() + t.transpose(vec![1, 0]).t();
         let mins = tt.min_keepdims(1) + tt.max_keepdims(0);
         let k = n.read();

@@ -95,6 +95,18 @@ fn matmul_with_carried_loop() {
     assert!(max_abs_diff(&out[0].to_f64(), &want) < 1e-4);
 }
 
+/// `body` over an f32[rows, 128] input and output in two programs of 8-row blocks.
+fn two_row_blocks(rows: u64, body: impl Fn(Ref, Ref) + 'static) -> kernel_ir::Kernel {
+    let ty = TensorType::new(DType::F32, [rows, 128]);
+    let spec = || block_spec([8, 128], |i| vec![i[0].clone(), 0.into()]);
+    pallas_call(move |x: Ref, o: Ref| body(x, o))
+        .grid([2])
+        .input(ty.clone(), spec())
+        .output(ty, spec())
+        .build()
+        .unwrap()
+}
+
 #[test]
 fn an_edge_block_overhanging_the_array_reads_poison_and_drops_writes() {
     // 13 rows in blocks of 8: the second block covers rows 8..16 of a 13-row array.
@@ -111,19 +123,10 @@ fn an_edge_block_overhanging_the_array_reads_poison_and_drops_writes() {
     }
     // A kernel that lets the overhang reach real outputs (a column sum over the block's
     // rows) shows NaN there, so the tests catch it.
-    let ty = TensorType::new(DType::F32, [13, 128]);
-    let k = pallas_call(|x: Ref, o: Ref| {
+    let k = two_row_blocks(13, |x, o| {
         let v = x.read();
         o.write(v.sum_keepdims(0).broadcast_to([8, 128]));
-    })
-    .grid([2])
-    .input(
-        ty.clone(),
-        block_spec([8, 128], |i| vec![i[0].clone(), 0.into()]),
-    )
-    .output(ty, block_spec([8, 128], |i| vec![i[0].clone(), 0.into()]))
-    .build()
-    .unwrap();
+    });
     let out = run(&k, &[random(DType::F32, &[13, 128], 2)]);
     let got = out[0].as_f32().unwrap();
     assert!(got[..8 * 128].iter().all(|v| v.is_finite()));
@@ -132,20 +135,11 @@ fn an_edge_block_overhanging_the_array_reads_poison_and_drops_writes() {
 
 #[test]
 fn a_dynamic_index_leaving_its_block_faults_with_program_and_op() {
-    let ty = TensorType::new(DType::F32, [16, 128]);
-    let k = pallas_call(|x: Ref, o: Ref| {
+    let k = two_row_blocks(16, |x, o| {
         // Program 1 slices rows [5, 13) of an 8-row block.
         let start = program_id(0) * 5;
         o.write(x.load(s![ds(start, 8), ..]));
-    })
-    .grid([2])
-    .input(
-        ty.clone(),
-        block_spec([8, 128], |i| vec![i[0].clone(), 0.into()]),
-    )
-    .output(ty, block_spec([8, 128], |i| vec![i[0].clone(), 0.into()]))
-    .build()
-    .unwrap();
+    });
     let x = random(DType::F32, &[16, 128], 1);
     let err = interpret(&k, &[x], &InterpretOptions::default()).unwrap_err();
     let RunError::Fault {

@@ -13,6 +13,7 @@ const TENSOR_METHODS: &[&str] = &[
     "tanh",
     "sqrt",
     "rsqrt",
+    "erf",
     "abs",
     "sigmoid",
     "maximum",

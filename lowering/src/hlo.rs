@@ -71,8 +71,10 @@ impl HloBuilder {
         } else {
             format!(" {{{attrs}}}")
         };
+        // Bare names are StableHLO ops; CHLO ops (`chlo.erf`) come qualified.
+        let dialect = if name.contains('.') { "" } else { "stablehlo." };
         let text = format!(
-            "{r} = \"stablehlo.{name}\"({}){attrs} : ({}) -> {result}",
+            "{r} = \"{dialect}{name}\"({}){attrs} : ({}) -> {result}",
             names.join(", "),
             types.join(", ")
         );

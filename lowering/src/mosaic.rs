@@ -587,6 +587,7 @@ impl<'k> Emitter<'k> {
                             UnaryOp::Tanh => "math.tanh",
                             UnaryOp::Rsqrt => "math.rsqrt",
                             UnaryOp::Sqrt => "math.sqrt",
+                            UnaryOp::Erf => "math.erf",
                             UnaryOp::Not => unreachable!("handled above"),
                         };
                         self.def(&format!("{name} {x} : {ts}"))

@@ -543,6 +543,7 @@ impl<'k> Emitter<'k> {
                     UnaryOp::Tanh => "tanh",
                     UnaryOp::Rsqrt => "rsqrt",
                     UnaryOp::Sqrt => "sqrt",
+                    UnaryOp::Erf => "chlo.erf",
                     UnaryOp::Not => "not",
                 };
                 self.op(name, &[(&self.v(*x), &self.vt(*x))], "", &self.vt(*x))

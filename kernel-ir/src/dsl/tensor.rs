@@ -73,6 +73,12 @@ impl Tensor {
         self.unary(UnaryOp::Sqrt)
     }
 
+    /// The Gauss error function, element-wise.
+    #[track_caller]
+    pub fn erf(self) -> Tensor {
+        self.unary(UnaryOp::Erf)
+    }
+
     /// `1 / sqrt(x)`, element-wise.
     #[track_caller]
     pub fn rsqrt(self) -> Tensor {

@@ -61,6 +61,7 @@ pub(super) fn unary(op: UnaryOp, x: &Array) -> Array {
                 UnaryOp::Tanh => f32::tanh,
                 UnaryOp::Rsqrt => |a| 1.0 / a.sqrt(),
                 UnaryOp::Sqrt => f32::sqrt,
+                UnaryOp::Erf => libm::erff,
                 UnaryOp::Not => unreachable!("verifier rejects `not` on floats"),
             };
             rounded(ty.dtype, v.iter().map(|&a| f(a)).collect())

@@ -50,6 +50,22 @@ impl<'k> Emitter<'k> {
         self.materialize_reducing(ty, &mut compute, &reductions)
     }
 
+    /// `erf` through libm's `erff` (`convert-math-to-libm`), one lane at a time: MLIR
+    /// has neither an LLVM intrinsic nor a vector lowering for it.
+    fn erf(&mut self, x: &str, width: u64) -> String {
+        if width == 1 {
+            return self.assign(&format!("math.erf {x} : f32"));
+        }
+        let t = lanes_of("f32", width);
+        let mut out = x.to_string();
+        for i in 0..width {
+            let lane = self.assign(&format!("vector.extract {x}[{i}] : f32 from {t}"));
+            let e = self.assign(&format!("math.erf {lane} : f32"));
+            out = self.assign(&format!("vector.insert {e}, {out} [{i}] : f32 into {t}"));
+        }
+        out
+    }
+
     /// Rounds an f32 result to bf16/f16 precision (the interpreter's per-op rounding).
     pub(super) fn round(&mut self, dtype: DType, x: &str, width: u64) -> String {
         let narrow = match dtype {
@@ -93,6 +109,7 @@ impl<'k> Emitter<'k> {
                     (UnaryOp::Log, _) => self.assign(&format!("math.log {x} : {t}")),
                     (UnaryOp::Tanh, _) => self.assign(&format!("math.tanh {x} : {t}")),
                     (UnaryOp::Sqrt, _) => self.assign(&format!("math.sqrt {x} : {t}")),
+                    (UnaryOp::Erf, _) => self.erf(x, width),
                     (UnaryOp::Rsqrt, _) => {
                         let s = self.assign(&format!("math.sqrt {x} : {t}"));
                         let one = self.literal(DType::F32, 1.0, width);
