@@ -282,10 +282,14 @@ pub fn demo() -> Result<(), Failure> {
         }
         // No TPU here: the mosaic row says whether every kernel passes the TPU rules and
         // lowers (the tests verify the output with jaxlib's tpu dialect).
-        let limits = lowering::tpu_rules::TpuLimits::default();
+        use lowering::Lowering;
+        let mosaic = lowering::Mosaic {
+            limits: lowering::tpu_rules::TpuLimits::default(),
+            body_only: false,
+        };
         let status = match kernels
             .iter()
-            .try_for_each(|kernel| lowering::mosaic::lower(kernel, &limits).map(|_| ()))
+            .try_for_each(|kernel| mosaic.lower(kernel).map(|_| ()))
         {
             Ok(()) => "lowered, TPU rules ok (no TPU here to run it)".to_string(),
             Err(e) => format!("not lowered: {e}"),
@@ -419,28 +423,17 @@ pub fn lower(
     if let Some(bytes) = vmem_limit {
         limits.vmem_bytes = bytes;
     }
-    let kernels = build(k, &p)?;
-    let mut modules = Vec::new();
-    for kernel in &kernels {
-        modules.push(match target {
-            "stablehlo" => lowering::stablehlo::lower(kernel),
-            "mosaic" => {
-                lowering::mosaic::lower(kernel, &limits).map_err(|e| usage(e.to_string()))?
-            }
-            "mosaic-body" => {
-                lowering::mosaic::lower_body(kernel, &limits).map_err(|e| usage(e.to_string()))?
-            }
-            "cpu-mlir" => match lowering::cpu::unsupported(kernel) {
-                None => lowering::cpu::lower(kernel).text,
-                Some(why) => return Err(usage(format!("@{}: {why}", kernel.name))),
-            },
-            other => {
-                return Err(usage(format!(
-                    "unknown target `{other}`: expected stablehlo, mosaic, mosaic-body or cpu-mlir"
-                )))
-            }
-        });
-    }
+    let lowering = lowering::Target::named(target, limits).ok_or_else(|| {
+        usage(format!(
+            "unknown target `{target}`: expected one of {}",
+            lowering::Target::NAMES.join(", ")
+        ))
+    })?;
+    let modules = build(k, &p)?
+        .iter()
+        .map(|kernel| lowering.lower_text(kernel))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| usage(e.to_string()))?;
     let text = modules.join("\n");
     match out {
         Some(path) => std::fs::write(path, text)

@@ -363,6 +363,13 @@ fn lower_prints_modules_for_each_target() {
     assert!(stdout(&o).contains("func.func @softmax(%lo: index, %hi: index, %step: index"));
     let o = tessera(&["lower", "softmax", "--target", "ptx"]);
     assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains(
+            "unknown target `ptx`: expected one of stablehlo, mosaic, mosaic-body, cpu-mlir"
+        ),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]

@@ -224,3 +224,29 @@ fn erf_verifies_and_compiles_for_v5e() {
         "{compiled}"
     );
 }
+
+/// The one lowering interface: every target by name, its checks before its emitter.
+#[test]
+fn every_target_lowers_through_one_interface() {
+    use lowering::{LowerError, Lowering, Target};
+    let k = find("softmax").unwrap();
+    let kernel = &k.build(&Params::parse(k.params(), &[]).unwrap()).unwrap()[0];
+    for name in Target::NAMES {
+        let text = Target::named(name, TpuLimits::default())
+            .unwrap()
+            .lower_text(kernel)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(text.contains("softmax"), "{name}");
+    }
+    assert!(Target::named("ptx", TpuLimits::default()).is_none());
+    // A kernel the TPU rules reject fails in the Mosaic check, before any emitting.
+    let narrow = &k
+        .build(&Params::parse(k.params(), &["block_rows=4".into()]).unwrap())
+        .unwrap()[0];
+    let mosaic = lowering::Mosaic {
+        limits: TpuLimits::default(),
+        body_only: false,
+    };
+    assert!(matches!(mosaic.check(narrow), Err(LowerError::Tpu(_))));
+    assert_eq!(mosaic.lower(narrow).err(), mosaic.check(narrow).err());
+}

@@ -80,7 +80,8 @@ impl FromStr for Backend {
 
 #[cfg(feature = "native")]
 fn native_unavailable(kernel: &Kernel) -> Option<String> {
-    lowering::cpu::unsupported(kernel)
+    use lowering::Lowering;
+    lowering::Cpu.check(kernel).err().map(|e| e.reason())
 }
 
 #[cfg(not(feature = "native"))]

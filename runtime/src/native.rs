@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use kernel_ir::{try_vec, Array, ArrayData, DType, Kernel, RefKind, RunError};
 use lowering::cpu::CpuModule;
+use lowering::Lowering;
 use melior::dialect::DialectRegistry;
 use melior::ir::Module;
 use melior::pass::PassManager;
@@ -337,13 +338,12 @@ impl Native {
         if let Some(hit) = memo().get(kernel) {
             return Ok(hit.clone());
         }
-        if let Some(reason) = lowering::cpu::unsupported(kernel) {
-            return Err(crate::Error::Unavailable {
+        let module = lowering::Cpu
+            .lower(kernel)
+            .map_err(|e| crate::Error::Unavailable {
                 backend: crate::Backend::Native,
-                reason,
-            });
-        }
-        let module = lowering::cpu::lower(kernel);
+                reason: e.reason(),
+            })?;
         let t = Instant::now();
         let (exe, source) = self
             .cache

@@ -178,7 +178,10 @@ impl Xla {
     /// Lowers, compiles (or finds in the cache) and runs `kernel` on `inputs`.
     pub fn run(&self, kernel: &Kernel, inputs: &[Array]) -> Result<Vec<Array>, crate::Error> {
         kernel_ir::check_inputs(kernel, inputs)?;
-        let module = lowering::stablehlo::lower(kernel);
+        use lowering::Lowering;
+        let module = lowering::StableHlo
+            .lower(kernel)
+            .expect("StableHLO takes every verified kernel");
         self.run_module(&kernel.name, &module, inputs, &kernel.output_types())
     }
 
