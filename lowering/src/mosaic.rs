@@ -23,7 +23,10 @@ use kernel_ir::{
     MemorySpace, Op, OpKind, ReduceOp, RefKind, Region, Start, TensorType, UnaryOp, Value,
 };
 
-use crate::text::{comparison, element_type as elem, literal, scf_if_header, Writer};
+use crate::text::{
+    arith_binary, arith_unary_float, comparison, element_type as elem, float_rem, literal,
+    scf_if_header, Emit, Writer,
+};
 use crate::tpu_rules::{self, TpuLimits, TpuRuleError};
 
 /// The MLIR type of a value: a scalar for rank 0, else a vector.
@@ -195,7 +198,15 @@ impl<'k> Emitter<'k> {
         self.line(&format!("{r} = {text}"));
         r
     }
+}
 
+impl Emit for Emitter<'_> {
+    fn emit(&mut self, rhs: &str) -> String {
+        self.def(rhs)
+    }
+}
+
+impl Emitter<'_> {
     fn constant(&mut self, dtype: DType, shape: &[u64], v: f64) -> String {
         let t = vty(dtype, shape);
         if shape.is_empty() {
@@ -579,17 +590,7 @@ impl<'k> Emitter<'k> {
                     }
                     (UnaryOp::Abs, DType::I32) => self.def(&format!("math.absi {x} : {ts}")),
                     _ => {
-                        let name = match u {
-                            UnaryOp::Neg => "arith.negf",
-                            UnaryOp::Abs => "math.absf",
-                            UnaryOp::Exp => "math.exp",
-                            UnaryOp::Log => "math.log",
-                            UnaryOp::Tanh => "math.tanh",
-                            UnaryOp::Rsqrt => "math.rsqrt",
-                            UnaryOp::Sqrt => "math.sqrt",
-                            UnaryOp::Erf => "math.erf",
-                            UnaryOp::Not => unreachable!("handled above"),
-                        };
+                        let name = arith_unary_float(*u).expect("`not` is handled above");
                         self.def(&format!("{name} {x} : {ts}"))
                     }
                 }
@@ -598,36 +599,14 @@ impl<'k> Emitter<'k> {
                 let t = self.ty(*lhs);
                 let (a, c) = (self.v(*lhs), self.v(*rhs));
                 let ts = tty(&t);
-                let name = match (b, t.dtype) {
-                    (BinaryOp::Div | BinaryOp::Rem, DType::I32) => {
-                        let r = self.floor_div_rem(&a, &c, &t.shape, *b == BinaryOp::Rem);
-                        self.values.insert(op.results[0], r);
-                        return;
-                    }
-                    (BinaryOp::Rem, _) => {
-                        let q = self.def(&format!("arith.divf {a}, {c} : {ts}"));
-                        let f = self.def(&format!("math.floor {q} : {ts}"));
-                        let p = self.def(&format!("arith.mulf {c}, {f} : {ts}"));
-                        let r = self.def(&format!("arith.subf {a}, {p} : {ts}"));
-                        self.values.insert(op.results[0], r);
-                        return;
-                    }
-                    (BinaryOp::Add, DType::I32) => "arith.addi",
-                    (BinaryOp::Sub, DType::I32) => "arith.subi",
-                    (BinaryOp::Mul, DType::I32) => "arith.muli",
-                    (BinaryOp::Max, DType::I32) => "arith.maxsi",
-                    (BinaryOp::Min, DType::I32) => "arith.minsi",
-                    (BinaryOp::And, _) => "arith.andi",
-                    (BinaryOp::Or, _) => "arith.ori",
-                    (BinaryOp::Add, _) => "arith.addf",
-                    (BinaryOp::Sub, _) => "arith.subf",
-                    (BinaryOp::Mul, _) => "arith.mulf",
-                    (BinaryOp::Div, _) => "arith.divf",
-                    (BinaryOp::Max, _) => "arith.maximumf",
-                    (BinaryOp::Min, _) => "arith.minimumf",
-                    (BinaryOp::Pow, _) => "math.powf",
+                let float = t.dtype.is_float();
+                let r = match (arith_binary(*b, float), float) {
+                    (Some(name), _) => self.def(&format!("{name} {a}, {c} : {ts}")),
+                    (None, true) => float_rem(self, &a, &c, &ts),
+                    (None, false) => self.floor_div_rem(&a, &c, &t.shape, *b == BinaryOp::Rem),
                 };
-                self.def(&format!("{name} {a}, {c} : {ts}"))
+                self.values.insert(op.results[0], r);
+                return;
             }
             OpKind::Compare { pred, lhs, rhs } => {
                 let t = self.ty(*lhs);

@@ -1,7 +1,8 @@
 //! What the MLIR text emitters share: a writer that numbers SSA values and indents
-//! lines, element type names, and float literals MLIR parses exactly.
+//! lines, element type names, float literals MLIR parses exactly, and the `arith`/`math`
+//! names of the element-wise operators (one table for Mosaic and the CPU lowering).
 
-use kernel_ir::{CmpPred, DType};
+use kernel_ir::{BinaryOp, CmpPred, DType, UnaryOp};
 
 /// Accumulates indented lines of MLIR and hands out fresh SSA names.
 pub(crate) struct Writer {
@@ -86,6 +87,59 @@ pub(crate) fn scf_if_header<T: AsRef<str>>(result: &str, cond: &str, types: &[T]
             types.join(", ")
         )
     }
+}
+
+/// The one `arith`/`math` op of a binary operator on floats (`float`) or integers and
+/// bools, or `None` for those each target expands (float `rem`; integer `div`, `rem`:
+/// Mosaic does not legalize `arith.floordivsi`, the CPU pipeline does).
+pub(crate) fn arith_binary(op: BinaryOp, float: bool) -> Option<&'static str> {
+    Some(match (op, float) {
+        (BinaryOp::Add, true) => "arith.addf",
+        (BinaryOp::Sub, true) => "arith.subf",
+        (BinaryOp::Mul, true) => "arith.mulf",
+        (BinaryOp::Div, true) => "arith.divf",
+        (BinaryOp::Max, true) => "arith.maximumf",
+        (BinaryOp::Min, true) => "arith.minimumf",
+        (BinaryOp::Pow, _) => "math.powf",
+        (BinaryOp::Add, false) => "arith.addi",
+        (BinaryOp::Sub, false) => "arith.subi",
+        (BinaryOp::Mul, false) => "arith.muli",
+        (BinaryOp::Max, false) => "arith.maxsi",
+        (BinaryOp::Min, false) => "arith.minsi",
+        (BinaryOp::And, _) => "arith.andi",
+        (BinaryOp::Or, _) => "arith.ori",
+        (BinaryOp::Rem, _) | (BinaryOp::Div, false) => return None,
+    })
+}
+
+/// The one `arith`/`math` op of a unary operator on floats, or `None` for `not`.
+/// (The CPU lowering computes `exp`, `rsqrt` and `erf` its own way: see `cpu/math.rs`.)
+pub(crate) fn arith_unary_float(op: UnaryOp) -> Option<&'static str> {
+    Some(match op {
+        UnaryOp::Neg => "arith.negf",
+        UnaryOp::Abs => "math.absf",
+        UnaryOp::Exp => "math.exp",
+        UnaryOp::Log => "math.log",
+        UnaryOp::Tanh => "math.tanh",
+        UnaryOp::Rsqrt => "math.rsqrt",
+        UnaryOp::Sqrt => "math.sqrt",
+        UnaryOp::Erf => "math.erf",
+        UnaryOp::Not => return None,
+    })
+}
+
+/// Emits one SSA op given its right-hand side and returns the result's name.
+pub(crate) trait Emit {
+    /// `%r = rhs`; returns `%r`.
+    fn emit(&mut self, rhs: &str) -> String;
+}
+
+/// `x - y * floor(x / y)` on floats of type `t`: the interpreter's `rem`.
+pub(crate) fn float_rem(e: &mut impl Emit, x: &str, y: &str, t: &str) -> String {
+    let q = e.emit(&format!("arith.divf {x}, {y} : {t}"));
+    let f = e.emit(&format!("math.floor {q} : {t}"));
+    let m = e.emit(&format!("arith.mulf {y}, {f} : {t}"));
+    e.emit(&format!("arith.subf {x}, {m} : {t}"))
 }
 
 /// The `arith` comparison for `pred` on `dtype` operands: the op (`arith.cmpf` or

@@ -106,10 +106,8 @@ impl<'k> Emitter<'k> {
                         self.assign(&format!("math.absf {x} : {t}"))
                     }
                     (UnaryOp::Abs, _) => self.assign(&format!("math.absi {x} : {t}")),
-                    (UnaryOp::Log, _) => self.assign(&format!("math.log {x} : {t}")),
-                    (UnaryOp::Tanh, _) => self.assign(&format!("math.tanh {x} : {t}")),
-                    (UnaryOp::Sqrt, _) => self.assign(&format!("math.sqrt {x} : {t}")),
                     (UnaryOp::Erf, _) => self.erf(x, width),
+                    // `math.rsqrt` has no LLVM lowering: 1 / sqrt(x), correctly rounded.
                     (UnaryOp::Rsqrt, _) => {
                         let s = self.assign(&format!("math.sqrt {x} : {t}"));
                         let one = self.literal(DType::F32, 1.0, width);
@@ -120,39 +118,27 @@ impl<'k> Emitter<'k> {
                         let m = self.constant(ones, &t);
                         self.assign(&format!("arith.xori {x}, {m} : {t}"))
                     }
+                    (op, _) => {
+                        let name = arith_unary_float(*op).expect("`not` is handled above");
+                        self.assign(&format!("{name} {x} : {t}"))
+                    }
                 }
             }
             OpKind::Binary { op, .. } => {
                 let (x, y) = (&a[0], &a[1]);
-                let name = match (op, float) {
-                    (BinaryOp::Add, true) => "addf",
-                    (BinaryOp::Sub, true) => "subf",
-                    (BinaryOp::Mul, true) => "mulf",
-                    (BinaryOp::Div, true) => "divf",
-                    (BinaryOp::Max, true) => "maximumf",
-                    (BinaryOp::Min, true) => "minimumf",
-                    (BinaryOp::Pow, _) => return self.assign(&format!("math.powf {x}, {y} : {t}")),
-                    (BinaryOp::Rem, true) => {
-                        let q = self.assign(&format!("arith.divf {x}, {y} : {t}"));
-                        let f = self.assign(&format!("math.floor {q} : {t}"));
-                        let m = self.assign(&format!("arith.mulf {y}, {f} : {t}"));
-                        return self.assign(&format!("arith.subf {x}, {m} : {t}"));
+                match (arith_binary(*op, float), float, op) {
+                    (Some(name), ..) => self.assign(&format!("{name} {x}, {y} : {t}")),
+                    (None, true, _) => float_rem(self, x, y, &t),
+                    // Integers round toward -inf: `arith-expand` lowers `floordivsi`.
+                    (None, false, BinaryOp::Div) => {
+                        self.assign(&format!("arith.floordivsi {x}, {y} : {t}"))
                     }
-                    (BinaryOp::Add, false) => "addi",
-                    (BinaryOp::Sub, false) => "subi",
-                    (BinaryOp::Mul, false) => "muli",
-                    (BinaryOp::Div, false) => "floordivsi",
-                    (BinaryOp::Max, false) => "maxsi",
-                    (BinaryOp::Min, false) => "minsi",
-                    (BinaryOp::And, _) => "andi",
-                    (BinaryOp::Or, _) => "ori",
-                    (BinaryOp::Rem, false) => {
+                    (None, false, _) => {
                         let q = self.assign(&format!("arith.floordivsi {x}, {y} : {t}"));
                         let m = self.assign(&format!("arith.muli {q}, {y} : {t}"));
-                        return self.assign(&format!("arith.subi {x}, {m} : {t}"));
+                        self.assign(&format!("arith.subi {x}, {m} : {t}"))
                     }
-                };
-                self.assign(&format!("arith.{name} {x}, {y} : {t}"))
+                }
             }
             OpKind::Compare { pred, .. } => {
                 let (op, p) = comparison(*pred, in_dtype);

@@ -29,7 +29,9 @@ use kernel_ir::{
     RefKind, Region, Start, TensorType, UnaryOp, Value,
 };
 
-use crate::text::{comparison, literal, scf_if_header, Writer};
+use crate::text::{
+    arith_binary, arith_unary_float, comparison, float_rem, literal, scf_if_header, Emit, Writer,
+};
 
 mod control;
 mod dot;
@@ -311,7 +313,15 @@ impl<'k> Emitter<'k> {
         self.w.line(&format!("{v} = {rhs}"));
         v
     }
+}
 
+impl Emit for Emitter<'_> {
+    fn emit(&mut self, rhs: &str) -> String {
+        self.assign(rhs)
+    }
+}
+
+impl<'k> Emitter<'k> {
     /// A constant hoisted to the function entry (`ty` is a scalar or vector type).
     fn constant(&mut self, value: &str, ty: &str) -> String {
         let key = (value.to_string(), ty.to_string());
