@@ -11,13 +11,13 @@ use runtime::Backend;
 /// Library ops (name, parameters) with distinct kernels, so threads compile and run
 /// different things at the same time.
 const CASES: &[(&str, &str)] = &[
-    ("matmul", "m=40,k=33,n=20"),
-    ("softmax", "rows=13,cols=70"),
-    ("rms_norm", "rows=9,cols=33"),
-    ("layer_norm", "rows=9,cols=33,dtype=bf16"),
-    ("swiglu", "rows=5,cols=17"),
-    ("rope", "batch=2,heads=3,seq=11,head_dim=8"),
-    ("flash_attention", "heads=4,kv_heads=2,q_len=33,kv_len=47"),
+    ("matmul", "m=17,k=29,n=33"),
+    ("softmax", "rows=9,cols=130"),
+    ("rms_norm", "rows=5,cols=70"),
+    ("layer_norm", "rows=7,cols=40,dtype=bf16"),
+    ("swiglu", "rows=3,cols=33"),
+    ("rope", "batch=1,heads=2,seq=13,head_dim=16"),
+    ("flash_attention", "heads=4,kv_heads=1,q_len=17,kv_len=29"),
     (
         "flash_attention_bwd",
         "heads=2,kv_heads=1,q_len=20,kv_len=20,causal=true",
