@@ -540,16 +540,9 @@ fn remove_dead_ops(body: &mut Region) {
     }
     fn sweep(region: &mut Region, uses: &std::collections::HashMap<Value, usize>) -> bool {
         let before = region.ops.len();
-        region.ops.retain(|op| {
-            let pure = !matches!(
-                op.kind,
-                OpKind::Store { .. }
-                    | OpKind::For { .. }
-                    | OpKind::If { .. }
-                    | OpKind::Yield { .. }
-            );
-            !pure || op.results.iter().any(|r| uses.contains_key(r))
-        });
+        region
+            .ops
+            .retain(|op| !op.kind.is_pure() || op.results.iter().any(|r| uses.contains_key(r)));
         let mut changed = region.ops.len() != before;
         for op in &mut region.ops {
             match &mut op.kind {

@@ -670,6 +670,29 @@ impl OpKind {
         }
     }
 
+    /// True when the op's only effect is its results, so it may be removed when they
+    /// are unused: everything but stores (memory) and `for`/`if`/`yield` (control).
+    pub fn is_pure(&self) -> bool {
+        !matches!(
+            self,
+            OpKind::Store { .. } | OpKind::For { .. } | OpKind::If { .. } | OpKind::Yield { .. }
+        )
+    }
+
+    /// True when each result element depends only on the operands' elements at the same
+    /// position (all operands and the result have one shape): unary and binary math,
+    /// comparisons, `select`, casts.
+    pub fn is_elementwise(&self) -> bool {
+        matches!(
+            self,
+            OpKind::Unary { .. }
+                | OpKind::Binary { .. }
+                | OpKind::Compare { .. }
+                | OpKind::Select { .. }
+                | OpKind::Cast { .. }
+        )
+    }
+
     /// The regions nested in this op (a `for` body, an `if`'s two branches).
     pub fn regions(&self) -> Vec<&Region> {
         match self {

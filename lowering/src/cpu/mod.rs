@@ -179,15 +179,7 @@ fn fusible(k: &Kernel) -> std::collections::HashSet<Value> {
             for v in op.kind.operands() {
                 uses.entry(v).or_default().push(here);
             }
-            let element_wise = matches!(
-                op.kind,
-                OpKind::Unary { .. }
-                    | OpKind::Binary { .. }
-                    | OpKind::Compare { .. }
-                    | OpKind::Select { .. }
-                    | OpKind::Cast { .. }
-            );
-            if element_wise {
+            if op.kind.is_elementwise() {
                 defs.insert(op.results[0], here);
             }
             for nested in op.kind.regions() {
