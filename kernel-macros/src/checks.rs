@@ -193,3 +193,43 @@ fn unsupported_call(c: &ExprCall) -> Option<syn::Error> {
     }
     None
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{REF_METHODS, TENSOR_METHODS};
+
+    /// The `pub fn name(self` methods a DSL source file defines.
+    fn methods(source: &str) -> Vec<&str> {
+        source
+            .split("pub fn ")
+            .skip(1)
+            .filter_map(|rest| rest.split_once("(self").map(|(name, _)| name))
+            .filter(|name| name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+            .collect()
+    }
+
+    /// The lists the macro accepts are copies of the DSL's API (a proc macro cannot see
+    /// it): this keeps them from drifting when a method is added.
+    #[test]
+    fn the_accepted_methods_are_the_dsls() {
+        let tensor = include_str!("../../kernel-ir/src/dsl/tensor.rs");
+        let refs = include_str!("../../kernel-ir/src/dsl/refs.rs");
+        for m in methods(tensor) {
+            assert!(
+                TENSOR_METHODS.contains(&m),
+                "Tensor::{m} is missing from TENSOR_METHODS"
+            );
+        }
+        for m in methods(refs) {
+            let known = REF_METHODS.contains(&m) || TENSOR_METHODS.contains(&m);
+            assert!(known, "Ref::{m} is missing from REF_METHODS");
+        }
+        let all = [methods(tensor), methods(refs)].concat();
+        for m in TENSOR_METHODS.iter().chain(REF_METHODS) {
+            assert!(
+                all.contains(m),
+                "`{m}` is accepted but the DSL has no such method"
+            );
+        }
+    }
+}
