@@ -68,14 +68,13 @@ def _check(t: torch.Tensor, name: str, rank: Optional[int] = None, dtype: Option
     return _DTYPES[t.dtype]
 
 
-def _same_device(**tensors) -> torch.device:
-    """The one device of the tensor arguments (fake kernels see meta and CPU tensors
-    mixed, which must not produce a result)."""
+def _same_device(**tensors) -> None:
+    """Checks that the tensor arguments share one device (fake kernels see meta and CPU
+    tensors mixed, which must not produce a result)."""
     devices = {t.device for t in tensors.values() if isinstance(t, torch.Tensor)}
     if len(devices) > 1:
         where = ", ".join(f"{n} on {t.device}" for n, t in tensors.items() if isinstance(t, torch.Tensor))
         raise ValueError(f"tensor arguments are on different devices: {where}")
-    return devices.pop()
 
 
 def _check_eps(eps: float) -> None:
