@@ -117,25 +117,30 @@ pub fn human_bytes(bytes: u64) -> String {
     format!("{v:.1} {}", UNITS[unit])
 }
 
-/// A vector of `len` copies of `value`, allocated fallibly: the error names `what`
-/// and the byte size instead of aborting the process.
-pub fn try_vec<T: Clone>(
-    what: impl FnOnce() -> String,
-    len: u64,
-    value: T,
-) -> Result<Vec<T>, AllocError> {
+/// An empty vector with room for `len` elements, allocated fallibly (the memory is
+/// reserved, not touched): the error names `what` and the byte size instead of
+/// aborting the process.
+pub fn try_with_capacity<T>(what: impl FnOnce() -> String, len: u64) -> Result<Vec<T>, AllocError> {
     let bytes = len.checked_mul(std::mem::size_of::<T>() as u64);
     let mut v = Vec::new();
     match (usize::try_from(len), bytes) {
-        (Ok(n), Some(b)) if b <= isize::MAX as u64 && v.try_reserve_exact(n).is_ok() => {
-            v.resize(n, value);
-            Ok(v)
-        }
+        (Ok(n), Some(b)) if b <= isize::MAX as u64 && v.try_reserve_exact(n).is_ok() => Ok(v),
         _ => Err(AllocError {
             what: what(),
             bytes,
         }),
     }
+}
+
+/// A vector of `len` copies of `value`, allocated fallibly (see [`try_with_capacity`]).
+pub fn try_vec<T: Clone>(
+    what: impl FnOnce() -> String,
+    len: u64,
+    value: T,
+) -> Result<Vec<T>, AllocError> {
+    let mut v = try_with_capacity(what, len)?;
+    v.resize(len as usize, value);
+    Ok(v)
 }
 
 impl Array {
@@ -268,14 +273,11 @@ impl Array {
 
     /// [`Array::to_f64`], allocated fallibly; the error names the copy as `what`.
     pub fn try_to_f64(&self, what: &str) -> Result<Vec<f64>, AllocError> {
-        let mut out = try_vec(
+        let mut out = try_with_capacity(
             || format!("{what} as f64 ({})", self.ty),
             self.data.len() as u64,
-            0.0,
         )?;
-        out.iter_mut()
-            .zip(self.iter_f64())
-            .for_each(|(o, x)| *o = x);
+        out.extend(self.iter_f64());
         Ok(out)
     }
 

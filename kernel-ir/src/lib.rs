@@ -18,7 +18,9 @@ pub mod testing;
 mod types;
 mod verify;
 
-pub use array::{human_bytes, round_to, try_vec, AllocError, Array, ArrayData, ArrayError};
+pub use array::{
+    human_bytes, round_to, try_vec, try_with_capacity, AllocError, Array, ArrayData, ArrayError,
+};
 pub use builder::KernelBuilder;
 pub use interp::{check_allocatable, check_inputs, interpret, InterpretOptions, RunError};
 pub use ir::*;

@@ -2,7 +2,7 @@
 //! ragged last block of an array.
 
 use kernel_ir::dsl::prelude::*;
-use kernel_ir::{try_vec, AllocError, Array};
+use kernel_ir::{try_vec, try_with_capacity, AllocError, Array};
 use kernel_macros::kernel_fn;
 use rand::{Rng, SeedableRng};
 
@@ -13,16 +13,21 @@ pub fn random_array(dtype: DType, shape: &[u64], seed: u64, scale: f32) -> Resul
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let ty = kernel_ir::TensorType::new(dtype, shape);
     let what = || format!("a random input ({ty})");
-    let n = ty.byte_size().map(|_| ty.num_elements());
-    let mut data = try_vec(what, n.unwrap_or(u64::MAX), 0.0f32)?;
-    data.iter_mut()
-        .for_each(|x| *x = rng.gen_range(-scale..scale));
+    // An overflowing element count is reported as such by the allocation.
+    let n = ty.byte_size().map_or(u64::MAX, |_| ty.num_elements());
+    let mut data = try_with_capacity(what, n)?;
+    data.extend((0..n).map(|_| rng.gen_range(-scale..scale)));
     Ok(Array::from_f32(dtype, shape.to_vec(), data)?)
 }
 
 /// A zeroed f64 vector for a reference result, allocated fallibly.
 pub fn zeros_f64(what: &str, len: usize) -> Result<Vec<f64>, AllocError> {
     try_vec(|| format!("the reference's {what}"), len as u64, 0.0)
+}
+
+/// An empty f64 vector with room for a reference result of `len` elements.
+pub fn room_f64(what: &str, len: usize) -> Result<Vec<f64>, AllocError> {
+    try_with_capacity(|| format!("the reference's {what}"), len as u64)
 }
 
 /// Tolerance for results computed from `dtype` inputs with f32 accumulation over

@@ -4,7 +4,7 @@ use kernel_ir::dsl::prelude::*;
 use kernel_ir::Array;
 use kernel_macros::kernel;
 
-use crate::common::{block, pid, random_array, tolerance_for, zero, zeros_f64};
+use crate::common::{block, pid, random_array, room_f64, tolerance_for, zero};
 use crate::softmax::ROW_PARAMS;
 use crate::{BoxError, Op, ParamDef, Params, Tolerance};
 
@@ -121,8 +121,7 @@ fn reference_norm(inputs: &[Array], c: &NormConfig, center: bool) -> Result<Vec<
     let w = inputs[1].try_to_f64("weight")?;
     let b = inputs.get(2).map(|b| b.try_to_f64("bias")).transpose()?;
     let n = c.cols as f64;
-    let mut out = zeros_f64("output", x.len())?;
-    out.clear();
+    let mut out = room_f64("output", x.len())?;
     for row in x.chunks(c.cols as usize) {
         let mean = if center {
             row.iter().sum::<f64>() / n

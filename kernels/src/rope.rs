@@ -2,7 +2,7 @@
 //! `o = x * cos + rotate_half(x) * sin`, `rotate_half([x1, x2]) = [-x2, x1]`.
 
 use kernel_ir::dsl::prelude::*;
-use kernel_ir::{try_vec, Array};
+use kernel_ir::{try_with_capacity, Array};
 use kernel_macros::{kernel, kernel_fn};
 
 use crate::common::{block, pid, random_array, tolerance_for, zero, zeros_f64};
@@ -135,10 +135,8 @@ impl Op for Rope {
     fn inputs(c: &Self::Config, seed: u64) -> Result<Vec<Array>, BoxError> {
         // Real rotary tables: position t, frequency 10000^(-2i/d).
         let (s, d) = (c.seq as usize, c.head_dim as usize);
-        let mut cos = try_vec(|| "the cos table".into(), (s * d) as u64, 0.0f32)?;
-        let mut sin = try_vec(|| "the sin table".into(), (s * d) as u64, 0.0f32)?;
-        cos.clear();
-        sin.clear();
+        let mut cos = try_with_capacity(|| "the cos table".into(), (s * d) as u64)?;
+        let mut sin = try_with_capacity(|| "the sin table".into(), (s * d) as u64)?;
         for t in 0..s {
             for j in 0..d {
                 let freq = 10000f64.powf(-2.0 * (j % (d / 2)) as f64 / d as f64);

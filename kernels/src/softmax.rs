@@ -4,7 +4,7 @@ use kernel_ir::dsl::prelude::*;
 use kernel_ir::Array;
 use kernel_macros::kernel;
 
-use crate::common::{block, pid, random_array, tolerance_for, zero, zeros_f64};
+use crate::common::{block, pid, random_array, room_f64, tolerance_for, zero};
 use crate::{BoxError, Op, ParamDef, Params, Tolerance};
 
 /// Shape and blocking of a row-wise kernel (softmax, norms).
@@ -106,8 +106,7 @@ impl Op for Softmax {
 
     fn reference(c: &Self::Config, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
         let x = inputs[0].try_to_f64("x")?;
-        let mut out = zeros_f64("output", x.len())?;
-        out.clear();
+        let mut out = room_f64("output", x.len())?;
         for row in x.chunks(c.cols as usize) {
             let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let s: f64 = row.iter().map(|v| (v - m).exp()).sum();

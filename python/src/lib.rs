@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use kernel_ir::{AllocError, Array, ArrayData, DType, TensorType};
+use kernel_ir::{try_with_capacity, AllocError, Array, ArrayData, DType, TensorType};
 use kernels::{find, BoxError, Params};
 use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -30,29 +30,35 @@ fn dtype(name: &str, what: &str) -> Result<DType, String> {
 /// `addr` must point at `shape.product()` contiguous elements of `dtype`, alive and not
 /// written during the call.
 unsafe fn read(addr: usize, ty: &TensorType, what: &str) -> Result<Array, AllocError> {
-    let mut a = Array::try_zeros(ty.clone(), what)?;
     let n = ty.num_elements() as usize;
-    match (a.data_mut(), ty.dtype) {
-        (ArrayData::Float(v), DType::F32) => {
-            v.copy_from_slice(std::slice::from_raw_parts(addr as *const f32, n))
-        }
-        (ArrayData::Float(v), d) => {
-            let to_f32 = if d == DType::BF16 {
-                |b| half::bf16::from_bits(b).to_f32()
-            } else {
-                |b| half::f16::from_bits(b).to_f32()
-            };
-            let src = std::slice::from_raw_parts(addr as *const u16, n);
-            v.iter_mut().zip(src).for_each(|(x, &b)| *x = to_f32(b));
-        }
-        (ArrayData::Int(v), _) => {
-            v.copy_from_slice(std::slice::from_raw_parts(addr as *const i32, n))
-        }
-        (ArrayData::Bool(v), _) => {
-            v.copy_from_slice(std::slice::from_raw_parts(addr as *const bool, n))
-        }
+    /// The `n` elements at `addr`, converted, in a fallibly allocated vector.
+    unsafe fn copy<S: Copy, T>(
+        addr: usize,
+        n: usize,
+        what: &str,
+        ty: &TensorType,
+        f: impl Fn(S) -> T,
+    ) -> Result<Vec<T>, AllocError> {
+        let mut v = try_with_capacity(|| format!("{what} ({ty})"), n as u64)?;
+        v.extend(
+            std::slice::from_raw_parts(addr as *const S, n)
+                .iter()
+                .map(|&x| f(x)),
+        );
+        Ok(v)
     }
-    Ok(a)
+    let data = match ty.dtype {
+        DType::F32 => ArrayData::Float(copy(addr, n, what, ty, |x: f32| x)?),
+        DType::BF16 => ArrayData::Float(copy(addr, n, what, ty, |b| {
+            half::bf16::from_bits(b).to_f32()
+        })?),
+        DType::F16 => ArrayData::Float(copy(addr, n, what, ty, |b| {
+            half::f16::from_bits(b).to_f32()
+        })?),
+        DType::I32 => ArrayData::Int(copy(addr, n, what, ty, |x: i32| x)?),
+        DType::Bool => ArrayData::Bool(copy(addr, n, what, ty, |x: bool| x)?),
+    };
+    Ok(Array::new(ty.clone(), data).expect("the storage matches the type"))
 }
 
 /// Copies an array into a buffer of its type.

@@ -15,7 +15,7 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use crate::array::{try_vec, AllocError, Array, ArrayData};
+use crate::array::{try_with_capacity, AllocError, Array, ArrayData};
 use crate::ir::{DimSemantics, Kernel, Op, OpKind, RefId, RefKind, Region, Value};
 use crate::print::Namer;
 use crate::verify::{check_block_in_bounds, unflatten, verify};
@@ -84,26 +84,31 @@ impl std::error::Error for RunError {
 const PROBE_OVER_BYTES: u64 = 64 << 20;
 
 /// Checks that each large array a run of `kernel` needs (outputs, scratch buffers,
-/// block values) can be allocated, by allocating and freeing it once, so that a
+/// block values) can be allocated, by reserving and freeing it once, so that a
 /// backend whose own allocations are infallible (XLA's, the interpreter's block
 /// values) reports [`RunError::Alloc`] instead of aborting.
 pub fn check_allocatable(kernel: &Kernel) -> Result<(), RunError> {
-    let refs = kernel
-        .refs
-        .iter()
-        .filter(|r| r.kind != RefKind::Input)
-        .map(|r| (format!("{} %{}", r.kind.keyword(), r.name), &r.ty));
-    let mut namer = None;
-    let values = kernel.value_types.iter().enumerate().map(|(i, ty)| {
-        let namer = namer.get_or_insert_with(|| Namer::new(kernel));
-        (format!("block value {}", namer.name(Value(i as u32))), ty)
-    });
+    // Names are built only for an array that is probed (this runs on every native call).
     let mut probed = std::collections::HashSet::new();
-    for (what, ty) in refs.chain(values) {
+    let mut probe = |what: &dyn Fn() -> String, ty: &crate::types::TensorType| {
         let bytes = ty.byte_size().unwrap_or(u64::MAX);
         if bytes > PROBE_OVER_BYTES && probed.insert(bytes) {
-            try_vec(|| format!("{what} ({ty})"), bytes, 0u8).map_err(RunError::Alloc)?;
+            try_with_capacity::<u8>(|| format!("{} ({ty})", what()), bytes)
+                .map_err(RunError::Alloc)?;
         }
+        Ok(())
+    };
+    for r in kernel.refs.iter().filter(|r| r.kind != RefKind::Input) {
+        probe(&|| format!("{} %{}", r.kind.keyword(), r.name), &r.ty)?;
+    }
+    let namer = std::cell::OnceCell::new();
+    for (i, ty) in kernel.value_types.iter().enumerate() {
+        let name = || {
+            namer
+                .get_or_init(|| Namer::new(kernel))
+                .name(Value(i as u32))
+        };
+        probe(&|| format!("block value {}", name()), ty)?;
     }
     Ok(())
 }
