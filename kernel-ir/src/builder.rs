@@ -3,11 +3,11 @@
 //! not panics: the first one is kept and returned by [`KernelBuilder::finish`], which
 //! also runs the verifier.
 
-use crate::infer::{infer, TypeEnv};
 use crate::ir::{
     BinaryOp, BlockSpec, CmpPred, DimSemantics, Index, Kernel, Literal, MemorySpace, Op, OpKind,
     ReduceOp, RefDecl, RefId, RefKind, Region, UnaryOp, Value,
 };
+use crate::ops::{infer, TypeEnv};
 use crate::types::{DType, TensorType};
 use crate::verify::{verify, VerifyError};
 
@@ -520,23 +520,11 @@ impl KernelBuilder {
 /// behind, e.g. index constants of a path not taken), until none is left.
 fn remove_dead_ops(body: &mut Region) {
     fn count_uses(region: &Region, uses: &mut std::collections::HashMap<Value, usize>) {
-        for op in &region.ops {
+        region.walk(&mut |op| {
             for v in op.kind.operands() {
                 *uses.entry(v).or_default() += 1;
             }
-            match &op.kind {
-                OpKind::For { body, .. } => count_uses(body, uses),
-                OpKind::If {
-                    then_region,
-                    else_region,
-                    ..
-                } => {
-                    count_uses(then_region, uses);
-                    count_uses(else_region, uses);
-                }
-                _ => {}
-            }
-        }
+        });
     }
     fn sweep(region: &mut Region, uses: &std::collections::HashMap<Value, usize>) -> bool {
         let before = region.ops.len();
@@ -545,17 +533,8 @@ fn remove_dead_ops(body: &mut Region) {
             .retain(|op| !op.kind.is_pure() || op.results.iter().any(|r| uses.contains_key(r)));
         let mut changed = region.ops.len() != before;
         for op in &mut region.ops {
-            match &mut op.kind {
-                OpKind::For { body, .. } => changed |= sweep(body, uses),
-                OpKind::If {
-                    then_region,
-                    else_region,
-                    ..
-                } => {
-                    changed |= sweep(then_region, uses);
-                    changed |= sweep(else_region, uses);
-                }
-                _ => {}
+            for nested in op.kind.regions_mut() {
+                changed |= sweep(nested, uses);
             }
         }
         changed

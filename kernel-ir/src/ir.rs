@@ -5,7 +5,7 @@
 //! whose position is chosen by the operand's index map, and scratch buffers persist
 //! across the iterations one core runs.
 
-use crate::types::{DType, TensorType};
+use crate::types::TensorType;
 
 /// An SSA value; its type lives in [`Kernel::value_types`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -108,14 +108,29 @@ impl IndexBinOp {
         }
     }
 
-    /// Applies the operator; `None` on division by zero or overflow.
+    /// The element-wise op that computes this one on i32 scalars (the lowerings emit
+    /// index maps through their element-wise rules).
+    pub fn as_binary(self) -> BinaryOp {
+        match self {
+            IndexBinOp::Add => BinaryOp::Add,
+            IndexBinOp::Sub => BinaryOp::Sub,
+            IndexBinOp::Mul => BinaryOp::Mul,
+            IndexBinOp::FloorDiv => BinaryOp::Div,
+            IndexBinOp::Rem => BinaryOp::Rem,
+            IndexBinOp::Min => BinaryOp::Min,
+            IndexBinOp::Max => BinaryOp::Max,
+        }
+    }
+
+    /// Applies the operator (division rounds toward negative infinity); `None` on
+    /// division by zero or overflow.
     pub fn apply(self, a: i64, b: i64) -> Option<i64> {
         match self {
             IndexBinOp::Add => a.checked_add(b),
             IndexBinOp::Sub => a.checked_sub(b),
             IndexBinOp::Mul => a.checked_mul(b),
-            IndexBinOp::FloorDiv => (b != 0).then(|| a.div_euclid(b)),
-            IndexBinOp::Rem => (b != 0).then(|| a.rem_euclid(b)),
+            IndexBinOp::FloorDiv => crate::ops::floor_div(a, b),
+            IndexBinOp::Rem => crate::ops::floor_rem(a, b),
             IndexBinOp::Min => Some(a.min(b)),
             IndexBinOp::Max => Some(a.max(b)),
         }
@@ -136,10 +151,23 @@ pub enum IndexExpr {
 impl IndexExpr {
     /// Evaluates the expression at the given program ids.
     pub fn eval(&self, pids: &[u64]) -> Option<i64> {
+        self.fold(&mut |node| match node {
+            IndexNode::ProgramId(axis) => pids.get(axis).map(|&p| p as i64),
+            IndexNode::Const(c) => Some(c),
+            IndexNode::Bin(op, a, b) => op.apply(a?, b?),
+        })
+    }
+
+    /// Computes the expression bottom-up, `f` giving each node's value from its
+    /// children's: how the interpreter evaluates index maps and every lowering emits them.
+    pub fn fold<V>(&self, f: &mut impl FnMut(IndexNode<V>) -> V) -> V {
         match self {
-            IndexExpr::ProgramId(axis) => pids.get(*axis).map(|&p| p as i64),
-            IndexExpr::Const(c) => Some(*c),
-            IndexExpr::Bin(op, a, b) => op.apply(a.eval(pids)?, b.eval(pids)?),
+            IndexExpr::ProgramId(axis) => f(IndexNode::ProgramId(*axis)),
+            IndexExpr::Const(c) => f(IndexNode::Const(*c)),
+            IndexExpr::Bin(op, a, b) => {
+                let (a, b) = (a.fold(f), b.fold(f));
+                f(IndexNode::Bin(*op, a, b))
+            }
         }
     }
 
@@ -156,6 +184,18 @@ impl IndexExpr {
     pub fn bin(self, op: IndexBinOp, rhs: impl Into<IndexExpr>) -> IndexExpr {
         IndexExpr::Bin(op, Box::new(self), Box::new(rhs.into()))
     }
+}
+
+/// One node of an [`IndexExpr`] with its children already computed (see
+/// [`IndexExpr::fold`]).
+#[derive(Clone, Copy, Debug)]
+pub enum IndexNode<V> {
+    /// The program id along a grid axis.
+    ProgramId(usize),
+    /// A constant.
+    Const(i64),
+    /// A binary operation on the children's values.
+    Bin(IndexBinOp, V, V),
 }
 
 impl From<i64> for IndexExpr {
@@ -340,9 +380,9 @@ pub enum BinaryOp {
     Sub,
     /// `a * b`
     Mul,
-    /// `a / b` (floor division for integers).
+    /// `a / b` (rounded toward negative infinity for integers, Python's `//`).
     Div,
-    /// Remainder (Euclidean for integers).
+    /// Remainder: `a - b * floor(a / b)`, with the sign of `b` (Python's `%`).
     Rem,
     /// `max(a, b)`
     Max,
@@ -447,6 +487,17 @@ impl std::hash::Hash for Literal {
     }
 }
 
+impl Literal {
+    /// The constant as a number (`true` is 1).
+    pub fn as_f64(self) -> f64 {
+        match self {
+            Literal::Float(f) => f,
+            Literal::Int(i) => i as f64,
+            Literal::Bool(b) => f64::from(u8::from(b)),
+        }
+    }
+}
+
 /// The start of a sliced dimension.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Start {
@@ -479,6 +530,29 @@ pub struct Region {
     pub args: Vec<Value>,
     /// The ops, in order; nested regions end with [`OpKind::Yield`].
     pub ops: Vec<Op>,
+}
+
+impl Region {
+    /// Calls `f` on every op of this region and of the regions nested in it, in
+    /// program order (an op before the ops of its regions).
+    pub fn walk<'a>(&'a self, f: &mut impl FnMut(&'a Op)) {
+        for op in &self.ops {
+            f(op);
+            for r in op.kind.regions() {
+                r.walk(f);
+            }
+        }
+    }
+
+    /// Calls `f` on this region and every region nested in it, outer first.
+    pub fn walk_regions<'a>(&'a self, f: &mut impl FnMut(&'a Region)) {
+        f(self);
+        for op in &self.ops {
+            for r in op.kind.regions() {
+                r.walk_regions(f);
+            }
+        }
+    }
 }
 
 /// One operation and the values it defines.
@@ -670,31 +744,21 @@ impl OpKind {
         }
     }
 
-    /// True when the op's only effect is its results, so it may be removed when they
-    /// are unused: everything but stores (memory) and `for`/`if`/`yield` (control).
-    pub fn is_pure(&self) -> bool {
-        !matches!(
-            self,
-            OpKind::Store { .. } | OpKind::For { .. } | OpKind::If { .. } | OpKind::Yield { .. }
-        )
-    }
-
-    /// True when each result element depends only on the operands' elements at the same
-    /// position (all operands and the result have one shape): unary and binary math,
-    /// comparisons, `select`, casts.
-    pub fn is_elementwise(&self) -> bool {
-        matches!(
-            self,
-            OpKind::Unary { .. }
-                | OpKind::Binary { .. }
-                | OpKind::Compare { .. }
-                | OpKind::Select { .. }
-                | OpKind::Cast { .. }
-        )
-    }
-
     /// The regions nested in this op (a `for` body, an `if`'s two branches).
     pub fn regions(&self) -> Vec<&Region> {
+        match self {
+            OpKind::For { body, .. } => vec![body],
+            OpKind::If {
+                then_region,
+                else_region,
+                ..
+            } => vec![then_region, else_region],
+            _ => vec![],
+        }
+    }
+
+    /// The regions nested in this op, mutably.
+    pub fn regions_mut(&mut self) -> Vec<&mut Region> {
         match self {
             OpKind::For { body, .. } => vec![body],
             OpKind::If {
@@ -815,15 +879,6 @@ impl Kernel {
     /// Total number of programs in the grid.
     pub fn num_programs(&self) -> u64 {
         self.grid.iter().product()
-    }
-}
-
-/// Convenience: element type helpers used by the verifier and interpreter.
-pub(crate) fn dot_result_dtype(input: DType) -> DType {
-    if input.is_float() {
-        DType::F32
-    } else {
-        DType::I32
     }
 }
 

@@ -9,9 +9,9 @@
 mod array;
 mod builder;
 pub mod dsl;
-mod infer;
 mod interp;
 mod ir;
+pub mod ops;
 mod parse;
 mod print;
 pub mod testing;
@@ -24,6 +24,7 @@ pub use array::{
 pub use builder::KernelBuilder;
 pub use interp::{check_allocatable, check_inputs, interpret, InterpretOptions, RunError};
 pub use ir::*;
+pub use ops::{OpFamily, OpTraits};
 pub use parse::{parse_kernel, ParseError};
 pub use print::{print_kernel, Namer};
 pub use types::{row_major_strides, DType, TensorType};

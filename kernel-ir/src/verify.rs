@@ -4,8 +4,8 @@
 use std::collections::HashSet;
 use std::fmt;
 
-use crate::infer::infer;
 use crate::ir::{BlockDim, Kernel, Op, OpKind, RefKind, Region, Value};
+use crate::ops::infer;
 use crate::print::Namer;
 
 /// Why a kernel is invalid.

@@ -171,3 +171,63 @@ pub(crate) fn comparison(pred: CmpPred, dtype: DType) -> (&'static str, &'static
     };
     (op, p)
 }
+
+/// The integer primitives a target offers for [`floor_div_rem`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum IntPrim {
+    /// i32 division rounded toward zero.
+    TruncDiv,
+    /// i32 remainder with the sign of the dividend.
+    TruncRem,
+    /// i32 `+`.
+    Add,
+    /// i32 `-`.
+    Sub,
+    /// i32 `<` (bool result).
+    Less,
+    /// `!=` of i32 or of bool operands (bool result).
+    NotEqual,
+    /// Bool `&`.
+    And,
+}
+
+/// A target that emits the [`IntPrim`]s on i32/bool values of one shape.
+pub(crate) trait IntEmit {
+    /// `a op b` on values of `shape`; `dtype` is the operands' (i32, or bool for `And`
+    /// and a `NotEqual` of bools).
+    fn int_prim(&mut self, op: IntPrim, a: &str, b: &str, dtype: DType, shape: &[u64]) -> String;
+    /// An i32 constant splatted over `shape`.
+    fn int_const(&mut self, v: i64, shape: &[u64]) -> String;
+    /// `cond ? a : b` on i32 values of `shape`.
+    fn int_select(&mut self, cond: &str, a: &str, b: &str, shape: &[u64]) -> String;
+}
+
+/// Integer division (or, with `rem`, remainder) rounded toward negative infinity, as
+/// `kernel_ir::ops::floor_div`/`floor_rem` define it, built from truncating division:
+/// the truncated result is adjusted where the remainder is nonzero and its sign differs
+/// from the divisor's.
+pub(crate) fn floor_div_rem(
+    e: &mut impl IntEmit,
+    a: &str,
+    b: &str,
+    shape: &[u64],
+    rem: bool,
+) -> String {
+    use IntPrim::*;
+    let i32 = DType::I32;
+    let q = e.int_prim(TruncDiv, a, b, i32, shape);
+    let r = e.int_prim(TruncRem, a, b, i32, shape);
+    let zero = e.int_const(0, shape);
+    let r_neg = e.int_prim(Less, &r, &zero, i32, shape);
+    let b_neg = e.int_prim(Less, b, &zero, i32, shape);
+    let signs_differ = e.int_prim(NotEqual, &r_neg, &b_neg, DType::Bool, shape);
+    let nonzero = e.int_prim(NotEqual, &r, &zero, i32, shape);
+    let adjust = e.int_prim(And, &nonzero, &signs_differ, DType::Bool, shape);
+    let (fixed, plain) = if rem {
+        (e.int_prim(Add, &r, b, i32, shape), r)
+    } else {
+        let one = e.int_const(1, shape);
+        (e.int_prim(Sub, &q, &one, i32, shape), q)
+    };
+    e.int_select(&adjust, &fixed, &plain, shape)
+}

@@ -31,9 +31,10 @@ use std::panic::Location;
 pub use control::{
     branch, for_range, Carry, Condition, KernelEq, KernelLogic, KernelOrd, LoopBound,
 };
-pub use refs::{ds, Ds, Ref, SliceArg, SliceStart};
+pub use refs::{ds, Ds, Ref, SliceArg, SliceStart, REF_METHODS};
 pub use tensor::{
     dot_general, full, index, iota, num_programs, program_id, select, zeros, Operand, Tensor,
+    TENSOR_METHODS,
 };
 
 use crate::builder::KernelBuilder;
@@ -296,5 +297,45 @@ impl<A, F: KernelBody<A>> PallasCall<A, F> {
         }
         b.set_location(None);
         b.finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{REF_METHODS, TENSOR_METHODS};
+
+    /// The `pub fn name(self` methods a DSL source file defines.
+    fn methods(source: &str) -> Vec<&str> {
+        source
+            .split("pub fn ")
+            .skip(1)
+            .filter_map(|rest| rest.split_once("(self").map(|(name, _)| name))
+            .filter(|name| name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+            .collect()
+    }
+
+    /// The lists the `#[kernel]` macro accepts are the DSL's API: this keeps them from
+    /// drifting when a method is added.
+    #[test]
+    fn the_accepted_methods_are_the_dsls() {
+        let tensor = include_str!("tensor.rs");
+        let refs = include_str!("refs.rs");
+        for m in methods(tensor) {
+            assert!(
+                TENSOR_METHODS.contains(&m),
+                "Tensor::{m} is missing from TENSOR_METHODS"
+            );
+        }
+        for m in methods(refs) {
+            let known = REF_METHODS.contains(&m) || TENSOR_METHODS.contains(&m);
+            assert!(known, "Ref::{m} is missing from REF_METHODS");
+        }
+        let all = [methods(tensor), methods(refs)].concat();
+        for m in TENSOR_METHODS.iter().chain(REF_METHODS) {
+            assert!(
+                all.contains(m),
+                "`{m}` is accepted but the DSL has no such method"
+            );
+        }
     }
 }

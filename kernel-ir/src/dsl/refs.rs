@@ -8,6 +8,18 @@ use super::tensor::Tensor;
 use crate::ir::{Index, RefId, Start};
 use crate::types::{DType, TensorType};
 
+/// The `Ref` methods kernel code may call (besides the [`Tensor`] ones a ref forwards):
+/// the `#[kernel]` macro accepts these. A test keeps the list equal to this file's methods.
+pub const REF_METHODS: &[&str] = &[
+    "id",
+    "load",
+    "read",
+    "load_masked",
+    "store",
+    "write",
+    "store_masked",
+];
+
 /// A ref: one block of an input or output, or a scratch buffer.
 #[derive(Clone, Copy, Debug)]
 pub struct Ref {

@@ -9,6 +9,46 @@ use super::context::with_builder;
 use crate::ir::{BinaryOp, CmpPred, Literal, ReduceOp, UnaryOp, Value};
 use crate::types::{DType, TensorType};
 
+/// The `Tensor` methods kernel code may call: the `#[kernel]` macro accepts these and
+/// points at them for anything else. A test keeps the list equal to this file's methods.
+pub const TENSOR_METHODS: &[&str] = &[
+    "ty",
+    "shape",
+    "dtype",
+    "value",
+    "apply",
+    "exp",
+    "log",
+    "tanh",
+    "sqrt",
+    "rsqrt",
+    "erf",
+    "abs",
+    "sigmoid",
+    "maximum",
+    "minimum",
+    "pow",
+    "sum",
+    "max",
+    "min",
+    "sum_keepdims",
+    "max_keepdims",
+    "min_keepdims",
+    "dot",
+    "cast",
+    "reshape",
+    "expand_dims",
+    "broadcast_to",
+    "transpose",
+    "t",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "eq",
+    "ne",
+];
+
 /// A value of the kernel being traced (a block, a row, a scalar index...).
 #[derive(Clone, Copy, Debug)]
 pub struct Tensor {
@@ -43,8 +83,9 @@ impl Tensor {
         self.ty().dtype
     }
 
+    /// Applies any element-wise unary op: `x.exp()` is `x.apply(UnaryOp::Exp)`.
     #[track_caller]
-    fn unary(self, op: UnaryOp) -> Tensor {
+    pub fn apply(self, op: UnaryOp) -> Tensor {
         let v = with_builder(Location::caller(), |b| b.unary(op, self.value));
         Tensor::from_value(v)
     }
@@ -52,43 +93,43 @@ impl Tensor {
     /// `e^x`, element-wise.
     #[track_caller]
     pub fn exp(self) -> Tensor {
-        self.unary(UnaryOp::Exp)
+        self.apply(UnaryOp::Exp)
     }
 
     /// Natural logarithm, element-wise.
     #[track_caller]
     pub fn log(self) -> Tensor {
-        self.unary(UnaryOp::Log)
+        self.apply(UnaryOp::Log)
     }
 
     /// Hyperbolic tangent, element-wise.
     #[track_caller]
     pub fn tanh(self) -> Tensor {
-        self.unary(UnaryOp::Tanh)
+        self.apply(UnaryOp::Tanh)
     }
 
     /// Square root, element-wise.
     #[track_caller]
     pub fn sqrt(self) -> Tensor {
-        self.unary(UnaryOp::Sqrt)
+        self.apply(UnaryOp::Sqrt)
     }
 
     /// The Gauss error function, element-wise.
     #[track_caller]
     pub fn erf(self) -> Tensor {
-        self.unary(UnaryOp::Erf)
+        self.apply(UnaryOp::Erf)
     }
 
     /// `1 / sqrt(x)`, element-wise.
     #[track_caller]
     pub fn rsqrt(self) -> Tensor {
-        self.unary(UnaryOp::Rsqrt)
+        self.apply(UnaryOp::Rsqrt)
     }
 
     /// Absolute value, element-wise.
     #[track_caller]
     pub fn abs(self) -> Tensor {
-        self.unary(UnaryOp::Abs)
+        self.apply(UnaryOp::Abs)
     }
 
     /// Logistic sigmoid `1 / (1 + e^-x)`, element-wise.
@@ -482,7 +523,7 @@ impl ops::Neg for Tensor {
     type Output = Tensor;
     #[track_caller]
     fn neg(self) -> Tensor {
-        self.unary(UnaryOp::Neg)
+        self.apply(UnaryOp::Neg)
     }
 }
 
@@ -490,7 +531,7 @@ impl ops::Not for Tensor {
     type Output = Tensor;
     #[track_caller]
     fn not(self) -> Tensor {
-        self.unary(UnaryOp::Not)
+        self.apply(UnaryOp::Not)
     }
 }
 

@@ -7,7 +7,6 @@
 //! program id, the op and the ref). An edge block may overhang its array, as in Pallas:
 //! the overhang reads NaN-poison (`i32::MIN`, `false`) and writes there are dropped.
 
-mod eval;
 mod window;
 
 use std::fmt;
@@ -17,7 +16,9 @@ use std::sync::Mutex;
 
 use crate::array::{try_with_capacity, AllocError, Array, ArrayData};
 use crate::ir::{DimSemantics, Kernel, Op, OpKind, RefId, RefKind, Region, Value};
+use crate::ops;
 use crate::print::Namer;
+use crate::types::{DType, TensorType};
 use crate::verify::{check_block_in_bounds, unflatten, verify};
 
 /// How to run a kernel.
@@ -330,59 +331,22 @@ impl<'k> Program<'k, '_> {
 
     fn op(&mut self, op: &'k Op) -> Result<(), Fault<'k>> {
         let fault = |message: String| Fault { op, message };
-        let result_ty = || self.kernel.type_of(op.results[0]);
-        let value = match &op.kind {
-            OpKind::ProgramId { axis } => {
-                Array::filled(result_ty().clone(), self.pids[*axis] as f64)
-            }
-            OpKind::NumPrograms { axis } => {
-                Array::filled(result_ty().clone(), self.kernel.grid[*axis] as f64)
-            }
-            OpKind::Constant { value } => eval::constant(*value, result_ty()),
-            OpKind::Iota { dim } => eval::iota(result_ty(), *dim),
+        match &op.kind {
             OpKind::Load {
                 src,
                 index,
                 mask,
                 other,
-            } => self.load(*src, index, *mask, *other).map_err(fault)?,
+            } => {
+                let value = self.load(*src, index, *mask, *other).map_err(fault)?;
+                self.set(op.results[0], value);
+            }
             OpKind::Store {
                 dst,
                 index,
                 value,
                 mask,
-            } => {
-                self.store(*dst, index, *value, *mask).map_err(fault)?;
-                return Ok(());
-            }
-            OpKind::Broadcast { x, dims } => eval::broadcast(&self.get(*x), dims, result_ty()),
-            OpKind::Reshape { x } => eval::reshape(&self.get(*x), result_ty()),
-            OpKind::Transpose { x, perm } => eval::transpose(&self.get(*x), perm),
-            OpKind::Unary { op: u, x } => eval::unary(*u, &self.get(*x)),
-            OpKind::Binary { op: b, lhs, rhs } => {
-                eval::binary(*b, &self.get(*lhs), &self.get(*rhs)).map_err(fault)?
-            }
-            OpKind::Compare { pred, lhs, rhs } => {
-                eval::compare(*pred, &self.get(*lhs), &self.get(*rhs))
-            }
-            OpKind::Select {
-                cond,
-                on_true,
-                on_false,
-            } => eval::select(&self.get(*cond), &self.get(*on_true), &self.get(*on_false)),
-            OpKind::Cast { x } => eval::cast(&self.get(*x), result_ty().dtype),
-            OpKind::Reduce { op: r, x, axes } => eval::reduce(*r, &self.get(*x), axes),
-            OpKind::Dot {
-                lhs,
-                rhs,
-                transpose_lhs,
-                transpose_rhs,
-            } => eval::dot(
-                &self.get(*lhs),
-                &self.get(*rhs),
-                *transpose_lhs,
-                *transpose_rhs,
-            ),
+            } => self.store(*dst, index, *value, *mask).map_err(fault)?,
             OpKind::For {
                 lower,
                 upper,
@@ -405,10 +369,7 @@ impl<'k> Program<'k, '_> {
                 while i < hi {
                     self.set(
                         body.args[0],
-                        Array::filled(
-                            crate::types::TensorType::scalar(crate::types::DType::I32),
-                            i as f64,
-                        ),
+                        Array::filled(TensorType::scalar(DType::I32), i as f64),
                     );
                     for (&arg, val) in body.args[1..].iter().zip(carried) {
                         self.env[arg.0 as usize] = Some(val);
@@ -416,10 +377,7 @@ impl<'k> Program<'k, '_> {
                     carried = self.region(body)?;
                     i += st;
                 }
-                for (&r, val) in op.results.iter().zip(carried) {
-                    self.env[r.0 as usize] = Some(val);
-                }
-                return Ok(());
+                self.bind(op, carried);
             }
             OpKind::If {
                 cond,
@@ -431,15 +389,28 @@ impl<'k> Program<'k, '_> {
                     _ => unreachable!("the verifier checks the condition is bool"),
                 };
                 let values = self.region(if taken { then_region } else { else_region })?;
-                for (&r, val) in op.results.iter().zip(values) {
-                    self.env[r.0 as usize] = Some(val);
-                }
-                return Ok(());
+                self.bind(op, values);
             }
             OpKind::Yield { .. } => unreachable!("handled by region()"),
-        };
-        self.set(op.results[0], value);
+            kind => {
+                let cx = ops::EvalCx {
+                    operand: &|v| self.get(v),
+                    result: self.kernel.type_of(op.results[0]),
+                    pids: self.pids,
+                    grid: &self.kernel.grid,
+                };
+                let value = ops::eval(kind, &cx).map_err(fault)?;
+                self.set(op.results[0], value);
+            }
+        }
         Ok(())
+    }
+
+    /// Binds `op`'s results to the values its region yielded.
+    fn bind(&mut self, op: &Op, values: Vec<Rc<Array>>) {
+        for (&r, val) in op.results.iter().zip(values) {
+            self.env[r.0 as usize] = Some(val);
+        }
     }
 
     /// The array behind a ref, with where this program's block starts in it.
@@ -476,7 +447,7 @@ impl<'k> Program<'k, '_> {
             RefKind::Output => read(&self.outputs[slot].lock().unwrap_or_else(|p| p.into_inner())),
             RefKind::Scratch => read(&self.scratch[slot]),
         };
-        let ty = self.window_type(decl, &dims);
+        let ty = window::value_type(decl, &dims);
         Ok(Array::from_parts(ty, data))
     }
 
@@ -506,20 +477,6 @@ impl<'k> Program<'k, '_> {
             RefKind::Input => unreachable!("the verifier rejects stores to inputs"),
         }
         Ok(())
-    }
-
-    fn window_type(
-        &self,
-        decl: &crate::ir::RefDecl,
-        dims: &[window::DimAccess],
-    ) -> crate::types::TensorType {
-        crate::types::TensorType::new(
-            decl.ty.dtype,
-            dims.iter()
-                .filter(|d| d.keep)
-                .map(|d| d.count)
-                .collect::<Vec<_>>(),
-        )
     }
 }
 

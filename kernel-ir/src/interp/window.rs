@@ -3,8 +3,9 @@
 //! semantics: reads there are unspecified, writes are dropped).
 
 use crate::array::ArrayData;
-use crate::ir::{BlockDim, Index, RefDecl, Start};
-use crate::types::row_major_strides;
+use crate::ir::{Index, RefDecl};
+use crate::ops::{window_plan, WindowStart};
+use crate::types::{row_major_strides, TensorType};
 
 /// The part of one array dimension a window covers.
 #[derive(Clone, Copy, Debug)]
@@ -17,71 +18,57 @@ pub(super) struct DimAccess {
     pub keep: bool,
 }
 
-/// Resolves a load/store index into per-array-dim accesses. `block_start` is where the
-/// program's block begins (all zeros for scratch); `scalar` reads an i32 index value.
+/// Resolves a load/store index into per-array-dim accesses by the shared window plan.
+/// `block_start` is where the program's block begins (all zeros for scratch); `scalar`
+/// reads an i32 index value. A dynamic start that leaves the block is an error.
 pub(super) fn resolve(
     decl: &RefDecl,
     block_start: &[u64],
     index: &[Index],
     mut scalar: impl FnMut(crate::ir::Value) -> i64,
 ) -> Result<Vec<DimAccess>, String> {
-    let block_dims = decl.block_dims();
-    let mut out = Vec::with_capacity(block_dims.len());
-    let mut kernel_dim = 0;
-    for (dim, bd) in block_dims.iter().enumerate() {
-        let base = block_start[dim];
-        let extent = match bd {
-            BlockDim::Squeezed => {
-                out.push(DimAccess {
-                    start: base,
-                    count: 1,
-                    keep: false,
+    window_plan(decl, index)
+        .iter()
+        .zip(block_start)
+        .map(|(w, &base)| {
+            let offset = match w.start {
+                WindowStart::Block => 0,
+                WindowStart::Static(s) => s as i64,
+                WindowStart::Dynamic(v) => scalar(v),
+            };
+            if offset < 0 || offset as u64 + w.count > w.extent {
+                let dim = w.index_dim.unwrap_or_default();
+                return Err(if w.kept {
+                    format!(
+                        "slice [{offset}, {}) of dim {dim} is outside the block extent {}",
+                        offset + w.count as i64,
+                        w.extent
+                    )
+                } else {
+                    format!(
+                        "index {offset} of dim {dim} is outside the block extent {}",
+                        w.extent
+                    )
                 });
-                continue;
             }
-            BlockDim::Size(n) => *n,
-        };
-        let access = match index[kernel_dim] {
-            Index::Full => DimAccess {
-                start: base,
-                count: extent,
-                keep: true,
-            },
-            Index::At(v) => {
-                let i = scalar(v);
-                if i < 0 || i as u64 >= extent {
-                    return Err(format!(
-                        "index {i} of dim {kernel_dim} is outside the block extent {extent}"
-                    ));
-                }
-                DimAccess {
-                    start: base + i as u64,
-                    count: 1,
-                    keep: false,
-                }
-            }
-            Index::Slice { start, size } => {
-                let s = match start {
-                    Start::Static(s) => s as i64,
-                    Start::Dynamic(v) => scalar(v),
-                };
-                if s < 0 || s as u64 + size > extent {
-                    return Err(format!(
-                        "slice [{s}, {}) of dim {kernel_dim} is outside the block extent {extent}",
-                        s + size as i64
-                    ));
-                }
-                DimAccess {
-                    start: base + s as u64,
-                    count: size,
-                    keep: true,
-                }
-            }
-        };
-        kernel_dim += 1;
-        out.push(access);
-    }
-    Ok(out)
+            Ok(DimAccess {
+                start: base + offset as u64,
+                count: w.count,
+                keep: w.kept,
+            })
+        })
+        .collect()
+}
+
+/// The type of the value a window loads or stores.
+pub(super) fn value_type(decl: &RefDecl, dims: &[DimAccess]) -> TensorType {
+    TensorType::new(
+        decl.ty.dtype,
+        dims.iter()
+            .filter(|d| d.keep)
+            .map(|d| d.count)
+            .collect::<Vec<_>>(),
+    )
 }
 
 /// Calls `f(window_offset, array_offset, in_bounds, count)` for each contiguous run of

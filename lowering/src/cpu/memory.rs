@@ -481,12 +481,14 @@ fn segments(n: u64) -> Vec<(u64, u64, u64)> {
 
 /// A reduction's identity, its combining `arith` op and its `vector.reduction` kind.
 fn reduction(op: ReduceOp, dtype: DType) -> (f64, &'static str, &'static str) {
-    match (op, dtype.is_float()) {
-        (ReduceOp::Sum, true) => (0.0, "addf", "add"),
-        (ReduceOp::Max, true) => (f64::NEG_INFINITY, "maximumf", "maximumf"),
-        (ReduceOp::Min, true) => (f64::INFINITY, "minimumf", "minimumf"),
-        (ReduceOp::Sum, false) => (0.0, "addi", "add"),
-        (ReduceOp::Max, false) => (i32::MIN as f64, "maxsi", "maxsi"),
-        (ReduceOp::Min, false) => (i32::MAX as f64, "minsi", "minsi"),
-    }
+    let init = op.identity(kernel_ir::ops::accumulator_dtype(dtype));
+    let (combine, kind) = match (op, dtype.is_float()) {
+        (ReduceOp::Sum, true) => ("addf", "add"),
+        (ReduceOp::Max, true) => ("maximumf", "maximumf"),
+        (ReduceOp::Min, true) => ("minimumf", "minimumf"),
+        (ReduceOp::Sum, false) => ("addi", "add"),
+        (ReduceOp::Max, false) => ("maxsi", "maxsi"),
+        (ReduceOp::Min, false) => ("minsi", "minsi"),
+    };
+    (init, combine, kind)
 }

@@ -24,9 +24,10 @@ use std::collections::HashMap;
 use std::f64::consts::LN_2;
 use std::fmt::Write as _;
 
+use kernel_ir::ops::{window_plan, WindowStart};
 use kernel_ir::{
-    BinaryOp, BlockDim, DType, Index, IndexBinOp, IndexExpr, Kernel, Literal, Op, OpKind, ReduceOp,
-    RefKind, Region, Start, TensorType, UnaryOp, Value,
+    BinaryOp, DType, Index, IndexBinOp, IndexExpr, IndexNode, Kernel, Literal, Op, OpKind,
+    ReduceOp, RefKind, Region, TensorType, UnaryOp, Value,
 };
 
 use crate::text::{
@@ -69,29 +70,6 @@ pub struct CpuModule {
 
 /// Why a kernel cannot be compiled to native code, if it cannot.
 pub fn unsupported(kernel: &Kernel) -> Option<String> {
-    fn walk(k: &Kernel, r: &Region) -> Option<String> {
-        for op in &r.ops {
-            if let OpKind::Binary {
-                op: BinaryOp::Div | BinaryOp::Rem,
-                lhs,
-                rhs,
-            } = &op.kind
-            {
-                if !k.type_of(*lhs).dtype.is_float() && !is_nonzero_const(r, *rhs) {
-                    return Some(format!(
-                        "integer {} by a computed divisor (%{}): native code cannot report \
-                         division by zero",
-                        op.kind.mnemonic(),
-                        rhs.0
-                    ));
-                }
-            }
-            if let Some(e) = op.kind.regions().into_iter().find_map(|r| walk(k, r)) {
-                return Some(e);
-            }
-        }
-        None
-    }
     /// Whether `v` is an integer constant other than zero defined in `r`.
     fn is_nonzero_const(r: &Region, v: Value) -> bool {
         r.ops.iter().any(|op| {
@@ -99,7 +77,29 @@ pub fn unsupported(kernel: &Kernel) -> Option<String> {
                 && matches!(op.kind, OpKind::Constant { value: Literal::Int(i) } if i != 0)
         })
     }
-    walk(kernel, &kernel.body)
+    let mut reason = None;
+    kernel.body.walk_regions(&mut |r| {
+        for op in &r.ops {
+            if let OpKind::Binary {
+                op: BinaryOp::Div | BinaryOp::Rem,
+                lhs,
+                rhs,
+            } = &op.kind
+            {
+                if !kernel.type_of(*lhs).dtype.is_float() && !is_nonzero_const(r, *rhs) {
+                    reason.get_or_insert_with(|| {
+                        format!(
+                            "integer {} by a computed divisor (%{}): native code cannot report \
+                             division by zero",
+                            op.kind.mnemonic(),
+                            rhs.0
+                        )
+                    });
+                }
+            }
+        }
+    });
+    reason
 }
 
 /// Lowers a verified kernel (one [`unsupported`] accepts) to a CPU module.
@@ -168,28 +168,19 @@ impl Val {
 /// The values whose only use is an element-wise read in the region that defines them:
 /// they are fused into that reader instead of being stored.
 fn fusible(k: &Kernel) -> std::collections::HashSet<Value> {
-    fn walk(
-        r: &Region,
-        id: &mut usize,
-        defs: &mut HashMap<Value, usize>,
-        uses: &mut HashMap<Value, Vec<usize>>,
-    ) {
-        let here = *id;
+    let (mut defs, mut uses) = (HashMap::new(), HashMap::<Value, Vec<usize>>::new());
+    let mut region_id = 0;
+    k.body.walk_regions(&mut |r| {
         for op in &r.ops {
             for v in op.kind.operands() {
-                uses.entry(v).or_default().push(here);
+                uses.entry(v).or_default().push(region_id);
             }
             if op.kind.is_elementwise() {
-                defs.insert(op.results[0], here);
-            }
-            for nested in op.kind.regions() {
-                *id += 1;
-                walk(nested, id, defs, uses);
+                defs.insert(op.results[0], region_id);
             }
         }
-    }
-    let (mut defs, mut uses) = (HashMap::new(), HashMap::new());
-    walk(&k.body, &mut 0, &mut defs, &mut uses);
+        region_id += 1;
+    });
     defs.into_iter()
         .filter(|(v, region)| uses.get(v).is_some_and(|u| u == &[*region]))
         .map(|(v, _)| v)
@@ -467,31 +458,27 @@ impl<'k> Emitter<'k> {
         self.close();
     }
 
+    /// An index-map expression on `index` values (`arith.floordivsi` rounds toward
+    /// negative infinity, as index maps do).
     fn index_expr(&mut self, e: &IndexExpr) -> String {
-        match e {
-            IndexExpr::ProgramId(axis) => {
-                let p = self.pids[*axis].clone();
+        e.fold(&mut |node: IndexNode<String>| match node {
+            IndexNode::ProgramId(axis) => {
+                let p = self.pids[axis].clone();
                 self.index_of(&p)
             }
-            IndexExpr::Const(c) => self.constant(&c.to_string(), "index"),
-            IndexExpr::Bin(op, a, b) => {
-                let (a, b) = (self.index_expr(a), self.index_expr(b));
-                let name = match op {
-                    IndexBinOp::Add => "addi",
-                    IndexBinOp::Sub => "subi",
-                    IndexBinOp::Mul => "muli",
-                    IndexBinOp::Min => "minsi",
-                    IndexBinOp::Max => "maxsi",
-                    IndexBinOp::FloorDiv => "floordivsi",
-                    IndexBinOp::Rem => {
-                        let q = self.assign(&format!("arith.floordivsi {a}, {b} : index"));
-                        let m = self.assign(&format!("arith.muli {q}, {b} : index"));
-                        return self.assign(&format!("arith.subi {a}, {m} : index"));
+            IndexNode::Const(c) => self.constant(&c.to_string(), "index"),
+            IndexNode::Bin(op, a, b) => match arith_binary(op.as_binary(), false) {
+                Some(name) => self.assign(&format!("{name} {a}, {b} : index")),
+                None => {
+                    let q = self.assign(&format!("arith.floordivsi {a}, {b} : index"));
+                    if op == IndexBinOp::FloorDiv {
+                        return q;
                     }
-                };
-                self.assign(&format!("arith.{name} {a}, {b} : index"))
-            }
-        }
+                    let m = self.assign(&format!("arith.muli {q}, {b} : index"));
+                    self.assign(&format!("arith.subi {a}, {m} : index"))
+                }
+            },
+        })
     }
 
     fn block_starts(&mut self) {
@@ -547,12 +534,7 @@ impl<'k> Emitter<'k> {
             }
             OpKind::Constant { value } => {
                 let t = result_ty.unwrap();
-                let f = match *value {
-                    Literal::Float(f) => f,
-                    Literal::Int(i) => i as f64,
-                    Literal::Bool(b) => f64::from(u8::from(b)),
-                };
-                let c = self.literal(t.dtype, f, 1);
+                let c = self.literal(t.dtype, value.as_f64(), 1);
                 if t.is_scalar() {
                     Val::Scalar(c)
                 } else {
@@ -615,7 +597,8 @@ impl<'k> Emitter<'k> {
         self.values.insert(op.results[0], val);
     }
 
-    /// The view of a load/store window of ref `r`.
+    /// The view of a load/store window of ref `r`, by the shared window plan; dynamic
+    /// starts are checked against the block (`checked`).
     fn window(&mut self, r: usize, index: &[Index], access: &str) -> View {
         let decl = &self.k.refs[r];
         let site = self.fault_sites.len() + 1;
@@ -623,39 +606,24 @@ impl<'k> Emitter<'k> {
             .push(format!("{access} of `%{}`", decl.name));
         let mut offsets = Vec::new();
         let mut dims = Vec::new();
-        let mut kernel_dim = 0;
         let mut result_dim = 0;
-        for (dim, bd) in decl.block_dims().iter().enumerate() {
+        for (dim, w) in window_plan(decl, index).iter().enumerate() {
             let base = self.starts[r][dim].clone();
-            if *bd == BlockDim::Squeezed {
-                offsets.push(Some(base));
-                dims.push(None);
-                continue;
-            }
-            let extent = bd.extent();
-            let (offset, keep) = match index[kernel_dim] {
-                Index::Full => (base, true),
-                Index::At(v) => {
+            let offset = match w.start {
+                WindowStart::Block => base,
+                WindowStart::Static(s) => {
+                    let s = self.index(s);
+                    self.add_index(&base, &s)
+                }
+                WindowStart::Dynamic(v) => {
                     let i = self.scalar(v);
                     let i = self.index_of(&i);
-                    let i = self.checked(&i, 1, extent, site);
-                    (self.add_index(&base, &i), false)
-                }
-                Index::Slice { start, size } => {
-                    let s = match start {
-                        Start::Static(s) => self.index(s),
-                        Start::Dynamic(v) => {
-                            let i = self.scalar(v);
-                            let i = self.index_of(&i);
-                            self.checked(&i, size, extent, site)
-                        }
-                    };
-                    (self.add_index(&base, &s), true)
+                    let i = self.checked(&i, w.count, w.extent, site);
+                    self.add_index(&base, &i)
                 }
             };
-            kernel_dim += 1;
             offsets.push(Some(offset));
-            if keep {
+            if w.kept {
                 dims.push(Some(result_dim));
                 result_dim += 1;
             } else {
