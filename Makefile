@@ -104,13 +104,18 @@ fuzz:
 
 lint: fmt-check clippy
 
+# The user op library example is its own workspace (as a user's crate is).
+USER_OPS := --manifest-path python/examples/user_ops/Cargo.toml
+
 fmt-check:
 	$(CARGO) fmt --all -- --check
+	$(CARGO) fmt $(USER_OPS) -- --check
 
 # Also the light configuration (no features: interpreter only, no LLVM or libtorch).
 clippy: setup
 	$(CARGO) clippy --release --workspace --all-targets --all-features -- -D warnings
 	$(CARGO) clippy --release -p tessera -p runtime --all-targets -- -D warnings
+	$(CARGO) clippy --release $(USER_OPS) --target-dir target/outside-crate -- -D warnings
 
 clean:
 	$(CARGO) clean

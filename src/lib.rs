@@ -7,7 +7,7 @@
 //! The README follows; its kernel example is compiled as a doctest.
 #![doc = include_str!("../README.md")]
 
-pub use kernel_ir::{self, dsl};
+pub use kernel_ir::{self, dsl, export_ops};
 pub use kernel_macros::{kernel, kernel_fn};
 pub use kernels;
 pub use runtime;

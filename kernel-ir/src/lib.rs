@@ -11,6 +11,7 @@ mod builder;
 pub mod dsl;
 mod interp;
 mod ir;
+pub mod op_library;
 pub mod ops;
 mod parse;
 mod print;

@@ -113,6 +113,40 @@ impl TensorType {
     }
 }
 
+/// Parses the printed form: `f32`, `bf16[4, 8]`.
+impl std::str::FromStr for TensorType {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<TensorType, String> {
+        let s = s.trim();
+        let (name, dims) = match s.split_once('[') {
+            Some((name, rest)) => {
+                let dims = rest
+                    .strip_suffix(']')
+                    .ok_or_else(|| format!("tensor type `{s}` does not end with `]`"))?;
+                (name, Some(dims))
+            }
+            None => (s, None),
+        };
+        let dtype = DType::from_name(name.trim())
+            .ok_or_else(|| format!("unknown dtype `{name}` in `{s}`"))?;
+        let shape = dims
+            .filter(|d| !d.trim().is_empty())
+            .map(|d| {
+                d.split(',')
+                    .map(|x| {
+                        x.trim()
+                            .parse::<u64>()
+                            .map_err(|e| format!("dimension `{x}` of `{s}`: {e}"))
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .transpose()?
+            .unwrap_or_default();
+        Ok(TensorType::new(dtype, shape))
+    }
+}
+
 impl fmt::Display for TensorType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.shape.is_empty() {

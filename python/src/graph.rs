@@ -11,6 +11,7 @@ use pyo3::prelude::*;
 use runtime::cache::Source;
 use runtime::pjrt::{Element, Executable, HostBuffer};
 
+use crate::library::UserCall;
 use crate::{library_op, run_op, Buffer};
 
 /// The XLA backend, or why it cannot be used.
@@ -106,6 +107,14 @@ fn custom_calls_unavailable() -> Option<String> {
 /// `params` (its Mosaic body; the TPU rules are checked first), and the kernel's name.
 #[pyfunction]
 fn tpu_custom_call_config(op: &str, params: Vec<String>) -> PyResult<(String, String)> {
+    let limits = lowering::tpu_rules::TpuLimits::default();
+    if op == USER_OP {
+        let call = UserCall::parse(&params).map_err(PyValueError::new_err)?;
+        let kernel = call.kernel().map_err(PyValueError::new_err)?;
+        let config = lowering::mosaic::custom_call_config(&kernel, &limits)
+            .map_err(|e| PyValueError::new_err(format!("{}: {e}", kernel.name)))?;
+        return Ok((config, kernel.name.clone()));
+    }
     let (k, p) = library_op(op, &params).map_err(PyValueError::new_err)?;
     let kernels = k
         .build(&p)
@@ -116,11 +125,13 @@ fn tpu_custom_call_config(op: &str, params: Vec<String>) -> PyResult<(String, St
             kernels.len()
         )));
     };
-    let limits = lowering::tpu_rules::TpuLimits::default();
     let config = lowering::mosaic::custom_call_config(kernel, &limits)
         .map_err(|e| PyValueError::new_err(format!("{op} {p}: {e}")))?;
     Ok((config, kernel.name.clone()))
 }
+
+/// The `op` of a custom call that runs a user library's op (`library::UserCall`).
+const USER_OP: &str = "user_op";
 
 /// Runs one `tessera_op` custom call: the library op `op` with `params`
 /// (comma-separated `name=value`) on XLA's buffers, natively, or in the interpreter
@@ -140,6 +151,9 @@ fn run_custom_call(call: &runtime::custom_call::OpCall) -> Result<(), String> {
             .collect()
     };
     let (ins, outs) = (buffers(&call.inputs), buffers(&call.outputs));
+    if op == USER_OP {
+        return UserCall::parse(&params)?.run(&ins, &outs);
+    }
     run_op(op, &params, &ins, &outs, "native")
         .or_else(|_| run_op(op, &params, &ins, &outs, "interp"))
         .map(|_| ())

@@ -14,9 +14,10 @@ use pyo3::prelude::*;
 use runtime::Backend;
 
 mod graph;
+mod library;
 
 /// A contiguous host buffer: address, shape, dtype name.
-type Buffer = (usize, Vec<u64>, String);
+pub(crate) type Buffer = (usize, Vec<u64>, String);
 
 fn dtype(name: &str, what: &str) -> Result<DType, String> {
     DType::from_name(name)
@@ -96,7 +97,7 @@ unsafe fn write(addr: usize, a: &Array) {
     }
 }
 
-fn types(buffers: &[Buffer], what: &str) -> Result<Vec<TensorType>, String> {
+pub(crate) fn types(buffers: &[Buffer], what: &str) -> Result<Vec<TensorType>, String> {
     buffers
         .iter()
         .enumerate()
@@ -132,22 +133,18 @@ fn traced(k: &dyn kernels::LibraryKernel, p: &Params) -> Option<Arc<Vec<kernel_i
 /// Traced kernel sets the extension remembers.
 const TRACE_MEMO_LIMIT: usize = 1024;
 
-/// The zero-copy path: a single-kernel op that runs natively on f32/i32/bool buffers
-/// reads the tensors' storage and writes the outputs' directly. `None` when it does not
-/// apply (then the caller copies through arrays).
+/// The zero-copy path: a kernel that runs natively on f32/i32/bool buffers reads the
+/// tensors' storage and writes the outputs' directly. `None` when it does not apply
+/// (then the caller copies through arrays).
 fn run_in_place(
-    k: &dyn kernels::LibraryKernel,
-    p: &Params,
+    kernel: &kernel_ir::Kernel,
+    context: &str,
     requested: Backend,
     inputs: &[Buffer],
     outputs: &[Buffer],
     in_types: &[TensorType],
     out_types: &[TensorType],
 ) -> Option<Result<String, OpError>> {
-    let built = traced(k, p)?;
-    let [kernel] = built.as_slice() else {
-        return None;
-    };
     let narrow = |t: &TensorType| matches!(t.dtype, DType::BF16 | DType::F16);
     if kernel.input_types() != in_types
         || kernel.output_types() != out_types
@@ -165,7 +162,6 @@ fn run_in_place(
         // these types (checked above), and fresh output buffers.
         unsafe { runtime::native::backend().run_in_place(kernel, &ins, &outs) }
     }));
-    let context = format!("{} {p}", k.name());
     Some(match result {
         Ok(Ok(())) => Ok(Backend::Native.name().to_string()),
         Ok(Err(e)) => Err(OpError::from_run(context, &e)),
@@ -173,6 +169,81 @@ fn run_in_place(
             "{context}: internal error (panic)"
         ))),
     })
+}
+
+/// Runs one kernel on buffers of its input and output types (the caller checked them):
+/// in place when it can, else through arrays on the backend `runtime` chooses.
+pub(crate) fn run_kernel(
+    kernel: &kernel_ir::Kernel,
+    context: &str,
+    requested: Backend,
+    inputs: &[Buffer],
+    outputs: &[Buffer],
+    in_types: &[TensorType],
+    out_types: &[TensorType],
+) -> Result<String, OpError> {
+    if let Some(used) = run_in_place(
+        kernel, context, requested, inputs, outputs, in_types, out_types,
+    ) {
+        return used;
+    }
+    run_through_arrays(context, inputs, outputs, in_types, out_types, |arrays| {
+        let (out, resolution) = runtime::run(kernel, arrays, requested)?;
+        Ok((out, resolution.backend))
+    })
+}
+
+/// Copies `inputs` into arrays, runs `f` on them with panics caught, checks and writes
+/// its results into `outputs`; returns the backend that ran.
+fn run_through_arrays(
+    context: &str,
+    inputs: &[Buffer],
+    outputs: &[Buffer],
+    in_types: &[TensorType],
+    out_types: &[TensorType],
+    f: impl FnOnce(&[Array]) -> Result<(Vec<Array>, Backend), BoxError>,
+) -> Result<String, OpError> {
+    let result = catch_unwind(AssertUnwindSafe(
+        || -> Result<(Vec<Array>, Backend), BoxError> {
+            // SAFETY: the caller passes live, contiguous buffers of these types.
+            let arrays: Vec<Array> = inputs
+                .iter()
+                .zip(in_types)
+                .enumerate()
+                .map(|(i, (b, t))| unsafe { read(b.0, t, &format!("a copy of input {i}")) })
+                .collect::<Result<_, _>>()?;
+            f(&arrays)
+        },
+    ));
+    let (got, used) = match result {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => return Err(OpError::from_run(context, &*e)),
+        Err(_) => {
+            return Err(OpError::Failed(format!(
+                "{context}: internal error (panic)"
+            )))
+        }
+    };
+    if got.len() != outputs.len() {
+        return Err(OpError::Bad(format!(
+            "{context} returns {} outputs, {} buffers were given",
+            got.len(),
+            outputs.len()
+        )));
+    }
+    for (i, (a, t)) in got.iter().zip(out_types).enumerate() {
+        if a.ty() != t {
+            return Err(OpError::Bad(format!(
+                "{context} output {i} is {}, the buffer is {t}",
+                a.ty()
+            )));
+        }
+    }
+    for (a, b) in got.iter().zip(outputs) {
+        // SAFETY: checked above that each buffer has the output's type.
+        unsafe { write(b.0, a) };
+    }
+    Ok(used.name().to_string())
 }
 
 /// The library op `kernel` and its parsed parameters (`name=value` items).
@@ -187,7 +258,7 @@ fn library_op(
 
 /// Why an op call failed: bad arguments (`ValueError`), an array that could not be
 /// allocated (`MemoryError`) or a failed run (`RuntimeError`).
-enum OpError {
+pub(crate) enum OpError {
     Bad(String),
     NoMemory(String),
     Failed(String),
@@ -237,56 +308,26 @@ fn run_op(
         .map_err(|e: runtime::Error| OpError::Bad(e.to_string()))?;
     let in_types = types(inputs, "input").map_err(OpError::Bad)?;
     let out_types = types(outputs, "output").map_err(OpError::Bad)?;
-    if let Some(used) = run_in_place(k, &p, requested, inputs, outputs, &in_types, &out_types) {
-        return used;
-    }
-    let result = catch_unwind(AssertUnwindSafe(
-        || -> Result<(Vec<Array>, Backend), BoxError> {
-            // SAFETY: the caller passes live, contiguous buffers of these types.
-            let arrays: Vec<Array> = inputs
-                .iter()
-                .zip(&in_types)
-                .enumerate()
-                .map(|(i, (b, t))| unsafe { read(b.0, t, &format!("a copy of input {i}")) })
-                .collect::<Result<_, _>>()?;
-            let mut used = Backend::Interp;
-            let got = k.run(&p, &arrays, &mut |kern, ins| {
-                let (out, resolution) = runtime::run(kern, ins, requested)?;
-                used = resolution.backend;
-                Ok(out)
-            })?;
-            Ok((got, used))
-        },
-    ));
-    let (got, used) = match result {
-        Ok(Ok(v)) => v,
-        Ok(Err(e)) => return Err(OpError::from_run(format!("{kernel} {p}"), &*e)),
-        Err(_) => {
-            return Err(OpError::Failed(format!(
-                "{kernel} {p}: internal error (panic)"
-            )))
-        }
-    };
-    if got.len() != outputs.len() {
-        return Err(OpError::Bad(format!(
-            "{kernel} returns {} outputs, {} buffers were given",
-            got.len(),
-            outputs.len()
-        )));
-    }
-    for (i, (a, t)) in got.iter().zip(&out_types).enumerate() {
-        if a.ty() != t {
-            return Err(OpError::Bad(format!(
-                "{kernel} output {i} is {}, the buffer is {t}",
-                a.ty()
-            )));
+    let context = format!("{kernel} {p}");
+    if let Some(built) = traced(k, &p) {
+        if let [single] = built.as_slice() {
+            let used = run_in_place(
+                single, &context, requested, inputs, outputs, &in_types, &out_types,
+            );
+            if let Some(used) = used {
+                return used;
+            }
         }
     }
-    for (a, b) in got.iter().zip(outputs) {
-        // SAFETY: checked above that each buffer has the output's type.
-        unsafe { write(b.0, a) };
-    }
-    Ok(used.name().to_string())
+    run_through_arrays(&context, inputs, outputs, &in_types, &out_types, |arrays| {
+        let mut used = Backend::Interp;
+        let got = k.run(&p, arrays, &mut |kern, ins| {
+            let (out, resolution) = runtime::run(kern, ins, requested)?;
+            used = resolution.backend;
+            Ok(out)
+        })?;
+        Ok((got, used))
+    })
 }
 
 /// Runs library kernel `kernel` with parameters `params` (`name=value` items) on
@@ -328,5 +369,6 @@ fn _tessera(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run, m)?)?;
     m.add_function(wrap_pyfunction!(explain, m)?)?;
     graph::register(m)?;
+    library::register(m)?;
     Ok(())
 }

@@ -21,7 +21,7 @@ import torch
 from . import _tessera
 
 __all__ = ["backend", "disable_sdpa_override", "enable_sdpa_override", "explain",
-           "explain_graph", "export", "graph_stats", "reset_graph_stats"]
+           "explain_graph", "export", "graph_stats", "load_library", "reset_graph_stats"]
 
 _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 _state = threading.local()
@@ -468,6 +468,10 @@ def disable_sdpa_override():
         torch.nn.functional.scaled_dot_product_attention = _original_sdpa
         _original_sdpa = None
 
+
+# ---- user op libraries: tessera.load_library(path) ----------------------------------
+
+from .library import load_library  # noqa: E402
 
 # ---- graph mode: torch.compile(model, backend="tessera") ----------------------------
 

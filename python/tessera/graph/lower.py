@@ -22,9 +22,11 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from .. import _attention_params, _DTYPES, _tessera
+from .. import _attention_params, _DTYPES, _tessera, library
 
 TARGET = "tessera_op"
+# The custom call `op` of user library ops (the runner finds them by namespace).
+USER_OP = "user_op"
 
 # Torch dialect element types -> builtin ones.
 _ELEMENT = {"f32": "f32", "f64": "f64", "bf16": "bf16", "f16": "f16", "si64": "i64", "si32": "i32",
@@ -48,6 +50,13 @@ class KernelCall:
     def params_text(self) -> str:
         return ",".join(f"{k}={v}" for k, v in self.params.items())
 
+    @property
+    def label(self) -> str:
+        """The op's name in graph stats: the library op, or ``namespace::op``."""
+        if self.kernel == USER_OP:
+            return f"{self.params['namespace']}::{self.params['op']}"
+        return self.kernel
+
 
 def _val(n):
     return n.meta.get("val") if isinstance(n, torch.fx.Node) else None
@@ -68,7 +77,11 @@ def _row_call(kernel, x, extra, n_vectors=0, n_matrices=1):
 
 
 def kernel_call(node: torch.fx.Node) -> KernelCall:
-    """The custom call for a ``torch.ops.tessera.*`` node of an ATen graph."""
+    """The custom call for a ``torch.ops.tessera.*`` (or loaded user library's) node of an
+    ATen graph."""
+    if node.target.namespace != "tessera":
+        params, ins, outs = library.call_params(node)
+        return KernelCall(USER_OP, params, ins, outs, list(range(len(outs))))
     name = node.target._opname
     args = [_val(a) if isinstance(a, torch.fx.Node) else a for a in node.args]
     if name == "softmax":
@@ -196,7 +209,7 @@ def _replace_operators(module, calls: List[KernelCall], target: str):
         raise LoweringError(f"torch-mlir could not import these ops: {', '.join(names)}")
     for o, call in zip(ops, calls):
         name = ir.StringAttr(o.operation.attributes["name"]).value
-        if not name.startswith("torch.tessera."):
+        if name.split(".")[1] not in {"tessera"} | library.namespaces():
             raise LoweringError(f"torch-mlir could not import {name}")
         with ir.InsertionPoint(o), o.location:
             tensors = [v for v in o.operands if str(v.type).startswith("!torch.vtensor")]
@@ -251,7 +264,7 @@ def _stablehlo_pipeline(text: str) -> str:
 
 def to_stablehlo(gm: torch.fx.GraphModule, target: str = "cpu") -> Tuple[str, List[str]]:
     """The StableHLO text of a functional ATen graph whose inputs are all tensors, and
-    the library op name of each custom call in it. ``target`` is ``cpu`` (Tessera ops
+    the op name of each custom call in it (``KernelCall.label``). ``target`` is ``cpu`` (Tessera ops
     as ``tessera_op`` FFI calls) or ``tpu`` (as ``tpu_custom_call``s)."""
     from torch_mlir import fx, ir
     from torch_mlir._mlir_libs import _stablehlo
@@ -259,8 +272,9 @@ def to_stablehlo(gm: torch.fx.GraphModule, target: str = "cpu") -> Tuple[str, Li
     from torch_mlir.dialects import torch as torch_d
     from torch_mlir.extras.fx_importer import FxImporter
 
+    kernel_namespaces = {"tessera"} | library.namespaces()
     calls = [kernel_call(n) for n in gm.graph.nodes
-             if n.op == "call_function" and getattr(n.target, "namespace", None) == "tessera"]
+             if n.op == "call_function" and getattr(n.target, "namespace", None) in kernel_namespaces]
     context = ir.Context()
     torch_d.register_dialect(context)
     diagnostics = []
@@ -291,7 +305,7 @@ def to_stablehlo(gm: torch.fx.GraphModule, target: str = "cpu") -> Tuple[str, Li
         raise LoweringError(_first_line_of_interest("\n".join(diagnostics) + "\n" + str(e))) from None
     if "dense_resource" in text:
         raise LoweringError("the graph embeds a tensor constant XLA cannot take (dense_resource)")
-    return _stable_constants(text), [c.kernel for c in calls]
+    return _stable_constants(text), [c.label for c in calls]
 
 
 def _stable_constants(text: str) -> str:

@@ -1,0 +1,101 @@
+//! Two fused kernels that are not in Tessera's library, exported as torch ops:
+//! `torch.ops.user_ops.add_rms_norm` (residual add + RMSNorm, returning the normalized
+//! rows and the new residual) and `torch.ops.user_ops.bias_gelu_tanh` (bias add + GELU
+//! with the tanh approximation). Load with `tessera.load_library(path_to_this_cdylib)`.
+
+use tessera::kernel_ir::op_library::OpArgs;
+use tessera::prelude::*;
+
+/// Rows per block (a partial last block is fine: Pallas's edge-block semantics; a
+/// block may not be larger than its array).
+fn block_rows(rows: u64) -> u64 {
+    rows.min(8)
+}
+
+#[kernel]
+fn add_rms_norm(
+    x: Ref,
+    r: Ref,
+    w: Ref,
+    o: Ref,
+    h: Ref,
+    #[comptime] cols: u64,
+    #[comptime] eps: f64,
+) {
+    let sum = x.read() + r.read();
+    h.write(sum);
+    let inv = ((sum * sum).sum_keepdims(1) / cols as f64 + eps).rsqrt();
+    o.write(sum * inv * w.read());
+}
+
+#[kernel]
+fn bias_gelu_tanh(x: Ref, b: Ref, o: Ref) {
+    let h = x.read() + b.read();
+    let inner = (h + h * h * h * 0.044715) * 0.797_884_560_802_865_4; // sqrt(2 / pi)
+    o.write(h * (inner.tanh() + 1.0) * 0.5);
+}
+
+/// The `[rows, cols]` shape of 2-D argument `name`.
+fn rows_cols(args: &OpArgs, name: &str) -> Result<(TensorType, u64, u64), String> {
+    let t = args.tensor(name)?.clone();
+    match t.shape[..] {
+        [rows, cols] if rows > 0 && cols > 0 => Ok((t, rows, cols)),
+        _ => Err(format!(
+            "{name} must be a non-empty 2-D [rows, cols] tensor, got {t}"
+        )),
+    }
+}
+
+/// Checks that argument `name` has type `want`.
+fn expect(args: &OpArgs, name: &str, want: &TensorType) -> Result<(), String> {
+    let got = args.tensor(name)?;
+    if got != want {
+        return Err(format!("{name} must be {want}, got {got}"));
+    }
+    Ok(())
+}
+
+fn row_block(rows: u64, cols: u64) -> BlockSpecFn {
+    block_spec([block_rows(rows), cols], |i| vec![i[0].clone(), 0.into()])
+}
+
+fn build_add_rms_norm(args: &OpArgs) -> Result<Kernel, String> {
+    let (x, rows, cols) = rows_cols(args, "x")?;
+    expect(args, "residual", &x)?;
+    let w = TensorType::new(x.dtype, [cols]);
+    expect(args, "weight", &w)?;
+    let eps = args.scalar("eps")?;
+    pallas_call(move |x, r, w, o, h| add_rms_norm(x, r, w, o, h, cols, eps))
+        .name("add_rms_norm")
+        .grid([rows.div_ceil(block_rows(rows))])
+        .input(x.clone(), row_block(rows, cols))
+        .input(x.clone(), row_block(rows, cols))
+        .input(w, block_spec([cols], |_| vec![0.into()]))
+        .output(x.clone(), row_block(rows, cols))
+        .output(x, row_block(rows, cols))
+        .build()
+        .map_err(|e| e.to_string())
+}
+
+fn build_bias_gelu_tanh(args: &OpArgs) -> Result<Kernel, String> {
+    let (x, rows, cols) = rows_cols(args, "x")?;
+    expect(args, "bias", &TensorType::new(x.dtype, [cols]))?;
+    pallas_call(bias_gelu_tanh)
+        .name("bias_gelu_tanh")
+        .grid([rows.div_ceil(block_rows(rows))])
+        .input(x.clone(), row_block(rows, cols))
+        .input(
+            TensorType::new(x.dtype, [cols]),
+            block_spec([cols], |_| vec![0.into()]),
+        )
+        .output(x, row_block(rows, cols))
+        .build()
+        .map_err(|e| e.to_string())
+}
+
+tessera::export_ops! {
+    namespace: "user_ops",
+    "add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps=1e-06) -> (Tensor, Tensor)"
+        => build_add_rms_norm,
+    "bias_gelu_tanh(Tensor x, Tensor bias) -> Tensor" => build_bias_gelu_tanh,
+}

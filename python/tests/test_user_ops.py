@@ -1,0 +1,191 @@
+"""User op libraries (`tessera.load_library`): the example crate `python/examples/user_ops`
+(fused residual-add + RMSNorm, bias + GELU(tanh)) built as a separate cdylib, its ops
+checked against PyTorch on every backend, with opcheck, torch.compile, autograd through
+a PyTorch formula, and bad libraries and arguments."""
+
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tessera
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+CRATE = REPO / "python/examples/user_ops/Cargo.toml"
+# Shared with tests/outside_crate.rs, which builds the same light facade.
+TARGET = REPO / "target/outside-crate"
+
+
+@pytest.fixture(scope="module")
+def user_ops():
+    """Builds the example library (a no-op when it is up to date) and loads it."""
+    subprocess.run(["cargo", "build", "--release", "--quiet", "--manifest-path", str(CRATE),
+                    "--target-dir", str(TARGET)], check=True, cwd=REPO)
+    ops = tessera.load_library(TARGET / "release/libuser_ops.so")
+    torch.library.register_autograd("user_ops::bias_gelu_tanh", _gelu_backward,
+                                    setup_context=_gelu_setup)
+    return ops
+
+
+def _gelu_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0] + inputs[1])
+
+
+def _gelu_backward(ctx, grad):
+    (h,) = ctx.saved_tensors
+    with torch.enable_grad():
+        h = h.detach().requires_grad_()
+        (dh,) = torch.autograd.grad(F.gelu(h, approximate="tanh"), h, grad)
+    return dh, dh.sum(0)
+
+
+def close(got, want, dtype):
+    tol = {torch.float32: (2e-5, 1e-4), torch.bfloat16: (2e-2, 4e-2), torch.float16: (4e-3, 4e-3)}[dtype]
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol[0], atol=tol[1])
+
+
+def add_rms_norm_ref(x, r, w, eps):
+    h = (x.float() + r.float()).to(x.dtype)
+    hf = h.float()
+    return (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype), h
+
+
+@pytest.mark.parametrize("backend", ["native", "interp", "xla"])
+@pytest.mark.parametrize("rows,cols", [(1, 1), (7, 3), (37, 256), (8, 130)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_ops_match_pytorch(user_ops, backend, rows, cols, dtype):
+    x, r = torch.randn(rows, cols, dtype=dtype), torch.randn(rows, cols, dtype=dtype)
+    w, b = (torch.rand(cols) + 0.5).to(dtype), torch.randn(cols, dtype=dtype)
+    with tessera.backend(backend):
+        o, h = user_ops.add_rms_norm(x, r, w, eps=1e-5)
+        g = user_ops.bias_gelu_tanh(x, b)
+    want_o, want_h = add_rms_norm_ref(x, r, w, 1e-5)
+    close(o, want_o, dtype)
+    close(h, want_h, dtype)
+    close(g, F.gelu((x.float() + b.float()).to(dtype).float(), approximate="tanh").to(dtype), dtype)
+
+
+def test_default_arguments_and_non_contiguous_inputs(user_ops):
+    x = torch.randn(256, 9).t()  # [9, 256], not contiguous
+    r, w = torch.randn(9, 256), torch.rand(256) + 0.5
+    o, _ = user_ops.add_rms_norm(x, r, w)
+    close(o, add_rms_norm_ref(x, r, w, 1e-6)[0], torch.float32)
+
+
+def test_opcheck(user_ops):
+    x, r = torch.randn(5, 33), torch.randn(5, 33)
+    w, b = torch.rand(33) + 0.5, torch.randn(33)
+    torch.library.opcheck(user_ops.add_rms_norm, (x, r, w, 1e-5))
+    torch.library.opcheck(user_ops.bias_gelu_tanh, (x.requires_grad_(), b.requires_grad_()))
+
+
+def test_autograd_through_a_pytorch_formula(user_ops):
+    x, b = torch.randn(6, 40, requires_grad=True), torch.randn(40, requires_grad=True)
+    user_ops.bias_gelu_tanh(x, b).square().sum().backward()
+    x2, b2 = x.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+    F.gelu(x2 + b2, approximate="tanh").square().sum().backward()
+    close(x.grad, x2.grad, torch.float32)
+    close(b.grad, b2.grad, torch.float32)
+
+
+def test_torch_compile_fullgraph(user_ops):
+    def f(x, r, w, b):
+        o, h = user_ops.add_rms_norm(x, r, w, 1e-5)
+        return user_ops.bias_gelu_tanh(o, b) + h
+
+    x, r, w, b = torch.randn(12, 64), torch.randn(12, 64), torch.rand(64) + 0.5, torch.randn(64)
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    close(compiled(x, r, w, b), f(x, r, w, b), torch.float32)
+
+
+def test_loading_twice_gives_the_same_ops(user_ops):
+    again = tessera.load_library(TARGET / "release/libuser_ops.so")
+    assert again.add_rms_norm is user_ops.add_rms_norm
+
+
+def test_bad_arguments_name_the_argument(user_ops):
+    x, r, w = torch.randn(4, 8), torch.randn(4, 8), torch.rand(8)
+    with pytest.raises(ValueError, match="residual must be f32\\[4, 8\\], got f32\\[3, 8\\]"):
+        user_ops.add_rms_norm(x, r[:3], w)
+    with pytest.raises(ValueError, match="weight must be f32\\[8\\], got bf16\\[8\\]"):
+        user_ops.add_rms_norm(x, r, w.bfloat16())
+    with pytest.raises(ValueError, match="x: dtype torch.int64 is not supported"):
+        user_ops.bias_gelu_tanh(torch.zeros(4, 8, dtype=torch.int64), w)
+    with pytest.raises(ValueError, match="x must be a non-empty 2-D"):
+        user_ops.bias_gelu_tanh(torch.randn(2, 4, 8), w)
+
+
+def test_missing_and_foreign_libraries_are_clear_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        tessera.load_library(tmp_path / "missing.so")
+    not_a_library = tmp_path / "garbage.so"
+    not_a_library.write_bytes(b"not an ELF file")
+    with pytest.raises(ValueError, match="cannot load"):
+        tessera.load_library(not_a_library)
+
+
+def _c_library(tmp_path, name, manifest):
+    """A shared library, compiled from C, that speaks the protocol with `manifest`."""
+    cc = shutil.which("cc")
+    assert cc, "a C compiler (cc) is needed; Rust's linker uses it"
+    src = tmp_path / f"{name}.c"
+    text = manifest.replace("\n", "\\n")
+    src.write_text(
+        "#include <stdlib.h>\n#include <string.h>\n"
+        f'char *tessera_op_library_v1(void) {{ return strdup("{text}"); }}\n'
+        'char *tessera_build_v1(const char *op, const char *req) { return strdup("error\\nunused"); }\n'
+        "void tessera_free_v1(char *p) { free(p); }\n")
+    out = tmp_path / f"lib{name}.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(out), str(src)], check=True)
+    return out
+
+
+def test_libraries_of_another_version_or_with_bad_schemas_are_refused(tmp_path):
+    newer = _c_library(tmp_path, "newer", "tessera-op-library 2\nir 1\nnamespace newer\n")
+    with pytest.raises(ValueError, match="speaks op-library protocol 2.*rebuild the library"):
+        tessera.load_library(newer)
+    bad = _c_library(tmp_path, "bad_schema", "tessera-op-library 1\nir 1\nnamespace bad_schema\nop f(Tensor x -> Tensor\n")
+    with pytest.raises(ValueError, match="op schema `f\\(Tensor x -> Tensor` is malformed"):
+        tessera.load_library(bad)
+    lists = _c_library(tmp_path, "lists", "tessera-op-library 1\nir 1\nnamespace lists\nop g(Tensor[] xs) -> Tensor\n")
+    with pytest.raises(ValueError, match="op `g` argument `xs` has type List\\[Tensor\\]"):
+        tessera.load_library(lists)
+    failing = _c_library(tmp_path, "failing", "tessera-op-library 1\nir 1\nnamespace failing\nop h(Tensor x) -> Tensor\n")
+    ops = tessera.load_library(failing)
+    with pytest.raises(ValueError, match="op `h`: unused"):
+        ops.h(torch.zeros(2))
+
+
+def test_graph_mode_runs_user_ops_as_custom_calls(user_ops):
+    def f(x, r, w, b):
+        o, h = user_ops.add_rms_norm(x, r, w, 1e-5)
+        return user_ops.bias_gelu_tanh(o, b) * 2 + h
+
+    args = torch.randn(9, 48), torch.randn(9, 48), torch.rand(48) + 0.5, torch.randn(48)
+    torch._dynamo.reset()
+    tessera.reset_graph_stats()
+    compiled = torch.compile(f, backend="tessera", fullgraph=True)
+    close(compiled(*args), f(*args), torch.float32)
+    stats = tessera.graph_stats()
+    assert stats["fallbacks"] == {}
+    assert stats["kernels"] == {"user_ops::add_rms_norm": 1, "user_ops::bias_gelu_tanh": 1}
+
+
+def test_tpu_export_of_user_ops_compiles_for_a_device_free_v5e(user_ops, tmp_path):
+    class Block(torch.nn.Module):
+        def forward(self, x, r, w, b):
+            o, h = user_ops.add_rms_norm(x, r, w, 1e-5)
+            return user_ops.bias_gelu_tanh(o, b) + h
+
+    path = tmp_path / "user_ops.tpu.mlir"
+    args = torch.randn(16, 256), torch.randn(16, 256), torch.rand(256) + 0.5, torch.randn(256)
+    text = tessera.export(Block(), *args, target="tpu", path=path)
+    assert text.count("stablehlo.custom_call @tpu_custom_call") == 2
+    checker = pathlib.Path(__file__).with_name("tpu_compile.py")
+    r = subprocess.run([sys.executable, str(checker), str(path)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "(2 Mosaic kernels) for v5e:2x2" in r.stdout, r.stdout + r.stderr[-2000:]
