@@ -249,12 +249,7 @@ pub fn demo() -> Result<(), Failure> {
                 return Ok(None);
             };
             let want = k.reference(&p, &case.inputs)?;
-            let got = Array::from_f32(
-                kernel_ir::DType::F32,
-                [want[0].len() as u64],
-                torch.run_f64()?.iter().map(|&v| v as f32).collect(),
-            )?;
-            let c = compare(&[got], &want[..1], k.tolerance(&p));
+            let c = torch.check(&want, k.tolerance(&p))?;
             let ms = median_ms(3, || {
                 drop(torch.run());
                 Ok(())

@@ -42,6 +42,14 @@ pub const BASELINE_CHECKS: &[(&str, &str)] = &[
         "flash_attention",
         "heads=2,kv_heads=1,q_len=20,kv_len=20,causal=true,dtype=bf16",
     ),
+    (
+        "flash_attention_bwd",
+        "heads=4,kv_heads=2,q_len=33,kv_len=47",
+    ),
+    (
+        "flash_attention_bwd",
+        "heads=2,kv_heads=2,q_len=40,kv_len=40,causal=true",
+    ),
 ];
 
 /// A library kernel ready to run: its parameters and inputs.

@@ -1,54 +1,56 @@
 //! PyTorch baselines (through tch, in this process): the ATen op a PyTorch user would
 //! call for each library kernel's math, on the same inputs.
 
-use kernel_ir::Array;
-use kernels::{BoxError, Params};
+use kernel_ir::{Array, DType};
+use kernels::{compare, BoxError, Comparison, Params, Tolerance};
 use tch::{Kind, Tensor};
+
+/// A PyTorch computation of a library kernel's outputs.
+type TorchOp = fn(&[Tensor], &Params) -> Vec<Tensor>;
 
 /// A PyTorch call ready to run: its input tensors and the op.
 pub struct TorchBaseline {
     inputs: Vec<Tensor>,
-    op: fn(&[Tensor], &Params) -> Tensor,
+    op: TorchOp,
     params: Params,
 }
 
 impl TorchBaseline {
-    /// The baseline of library kernel `name`, or `None` when PyTorch has no single op
-    /// for it (the attention backward).
+    /// The baseline of library kernel `name` (all its outputs), or `None` when there
+    /// is none.
     pub fn new(name: &str, params: &Params, inputs: &[Array]) -> Option<TorchBaseline> {
-        let op: fn(&[Tensor], &Params) -> Tensor = match name {
-            "matmul" => |t, _| t[0].matmul(&t[1]),
-            "softmax" => |t, _| t[0].softmax(-1, None::<Kind>),
+        let op: TorchOp = match name {
+            "matmul" => |t, _| vec![t[0].matmul(&t[1])],
+            "softmax" => |t, _| vec![t[0].softmax(-1, None::<Kind>)],
             "rms_norm" => |t, p| {
                 let cols = *t[0].size().last().unwrap_or(&1);
-                t[0].rms_norm([cols], Some(&t[1]), eps(p))
+                vec![t[0].rms_norm([cols], Some(&t[1]), eps(p))]
             },
             "layer_norm" => |t, p| {
                 let cols = *t[0].size().last().unwrap_or(&1);
-                t[0].layer_norm([cols], Some(&t[1]), Some(&t[2]), eps(p), false)
+                vec![t[0].layer_norm([cols], Some(&t[1]), Some(&t[2]), eps(p), false)]
             },
-            "swiglu" => |t, _| t[0].silu() * &t[1],
+            "swiglu" => |t, _| vec![t[0].silu() * &t[1]],
             "rope" => |t, _| {
                 let (x, cos, sin) = (&t[0], &t[1], &t[2]);
                 let half = x.size()[3] / 2;
                 let rotated = Tensor::cat(&[-x.narrow(3, half, half), x.narrow(3, 0, half)], 3);
-                x * cos + rotated * sin
+                vec![x * cos + rotated * sin]
             },
             "flash_attention" => |t, p| {
-                let causal = p.flag("causal").unwrap_or(false);
-                let scale = p.float_opt("scale").unwrap_or(None);
                 let gqa = t[0].size()[1] != t[1].size()[1];
-                Tensor::scaled_dot_product_attention(
+                vec![Tensor::scaled_dot_product_attention(
                     &t[0],
                     &t[1],
                     &t[2],
                     None::<Tensor>,
                     0.0,
-                    causal,
-                    scale,
+                    causal(p),
+                    scale(p),
                     gqa,
-                )
+                )]
             },
+            "flash_attention_bwd" => sdpa_backward,
             _ => return None,
         };
         Some(TorchBaseline {
@@ -59,17 +61,90 @@ impl TorchBaseline {
     }
 
     /// Runs the op once.
-    pub fn run(&self) -> Tensor {
+    pub fn run(&self) -> Vec<Tensor> {
         tch::no_grad(|| (self.op)(&self.inputs, &self.params))
     }
 
-    /// Runs the op once and returns its result as f64s (row-major).
-    pub fn run_f64(&self) -> Result<Vec<f64>, BoxError> {
-        let out = self.run().to_kind(Kind::Double).contiguous().view(-1);
-        Ok(Vec::<f64>::try_from(&out)?)
+    /// Runs the op once and compares its outputs with the kernel's first reference
+    /// outputs `want` (the attention forward's log-sum-exp has no PyTorch twin).
+    pub fn check(&self, want: &[Vec<f64>], tol: Tolerance) -> Result<Comparison, BoxError> {
+        let got = self
+            .run()
+            .iter()
+            .map(|t| {
+                let flat = t.to_kind(Kind::Float).contiguous().view(-1);
+                let v = Vec::<f32>::try_from(&flat)?;
+                Ok(Array::from_f32(DType::F32, [v.len() as u64], v)?)
+            })
+            .collect::<Result<Vec<_>, BoxError>>()?;
+        if got.len() > want.len() {
+            return Err(format!(
+                "torch gives {} outputs, the reference {}",
+                got.len(),
+                want.len()
+            )
+            .into());
+        }
+        Ok(compare(&got, &want[..got.len()], tol))
     }
+}
+
+/// The attention backward as PyTorch runs it for `F.scaled_dot_product_attention`
+/// (`q, k, v, do` -> `dq, dk, dv`): the CPU flash forward (for the output and
+/// log-sum-exp the backward needs, as Tessera's backward recomputes them too), then
+/// `_scaled_dot_product_flash_attention_for_cpu_backward`; GQA repeats k/v per query
+/// head and sums their gradients over each group, as SDPA's `enable_gqa` does.
+fn sdpa_backward(t: &[Tensor], p: &Params) -> Vec<Tensor> {
+    let (q, k, v, d_o) = (&t[0], &t[1], &t[2], &t[3]);
+    let groups = q.size()[1] / k.size()[1];
+    let expand = |x: &Tensor| {
+        if groups > 1 {
+            x.repeat_interleave_self_int(groups, 1, None)
+        } else {
+            x.shallow_clone()
+        }
+    };
+    let (ke, ve) = (expand(k), expand(v));
+    let (o, lse) = Tensor::internal_scaled_dot_product_flash_attention_for_cpu(
+        q,
+        &ke,
+        &ve,
+        0.0,
+        causal(p),
+        None::<Tensor>,
+        scale(p),
+    );
+    let (dq, dk, dv) = Tensor::internal_scaled_dot_product_flash_attention_for_cpu_backward(
+        d_o,
+        q,
+        &ke,
+        &ve,
+        &o,
+        &lse,
+        0.0,
+        causal(p),
+        None::<Tensor>,
+        scale(p),
+    );
+    let fold = |g: Tensor| {
+        if groups == 1 {
+            return g;
+        }
+        let s = k.size();
+        g.view([s[0], s[1], groups, s[2], s[3]])
+            .sum_dim_intlist(2, false, None::<Kind>)
+    };
+    vec![dq, fold(dk), fold(dv)]
 }
 
 fn eps(p: &Params) -> f64 {
     p.float_opt("eps").ok().flatten().unwrap_or(1e-5)
+}
+
+fn causal(p: &Params) -> bool {
+    p.flag("causal").unwrap_or(false)
+}
+
+fn scale(p: &Params) -> Option<f64> {
+    p.float_opt("scale").unwrap_or(None)
 }

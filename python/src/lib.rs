@@ -97,7 +97,7 @@ unsafe fn write(addr: usize, a: &Array) {
     }
 }
 
-pub(crate) fn types(buffers: &[Buffer], what: &str) -> Result<Vec<TensorType>, String> {
+fn types(buffers: &[Buffer], what: &str) -> Result<Vec<TensorType>, String> {
     buffers
         .iter()
         .enumerate()
@@ -133,117 +133,139 @@ fn traced(k: &dyn kernels::LibraryKernel, p: &Params) -> Option<Arc<Vec<kernel_i
 /// Traced kernel sets the extension remembers.
 const TRACE_MEMO_LIMIT: usize = 1024;
 
-/// The zero-copy path: a kernel that runs natively on f32/i32/bool buffers reads the
-/// tensors' storage and writes the outputs' directly. `None` when it does not apply
-/// (then the caller copies through arrays).
-fn run_in_place(
-    kernel: &kernel_ir::Kernel,
-    context: &str,
+/// One run on host buffers: what it is (for messages), the backend asked for, and the
+/// buffers with their types.
+pub(crate) struct HostCall<'a> {
+    context: String,
     requested: Backend,
-    inputs: &[Buffer],
-    outputs: &[Buffer],
-    in_types: &[TensorType],
-    out_types: &[TensorType],
-) -> Option<Result<String, OpError>> {
-    let narrow = |t: &TensorType| matches!(t.dtype, DType::BF16 | DType::F16);
-    if kernel.input_types() != in_types
-        || kernel.output_types() != out_types
-        || in_types.iter().chain(out_types).any(narrow)
-        || runtime::resolve(requested, kernel).ok()?.backend != Backend::Native
-    {
-        return None;
-    }
-    let ins: Vec<usize> = inputs.iter().map(|b| b.0).collect();
-    let outs: Vec<usize> = outputs.iter().map(|b| b.0).collect();
-    let result = catch_unwind(AssertUnwindSafe(|| {
-        let ins: Vec<*const std::ffi::c_void> = ins.iter().map(|&a| a as *const _).collect();
-        let outs: Vec<*mut std::ffi::c_void> = outs.iter().map(|&a| a as *mut _).collect();
-        // SAFETY: the callers pass the data pointers of contiguous buffers of exactly
-        // these types (checked above), and fresh output buffers.
-        unsafe { runtime::native::backend().run_in_place(kernel, &ins, &outs) }
-    }));
-    Some(match result {
-        Ok(Ok(())) => Ok(Backend::Native.name().to_string()),
-        Ok(Err(e)) => Err(OpError::from_run(context, &e)),
-        Err(_) => Err(OpError::Failed(format!(
-            "{context}: internal error (panic)"
-        ))),
-    })
+    inputs: &'a [Buffer],
+    outputs: &'a [Buffer],
+    in_types: Vec<TensorType>,
+    out_types: Vec<TensorType>,
 }
 
-/// Runs one kernel on buffers of its input and output types (the caller checked them):
-/// in place when it can, else through arrays on the backend `runtime` chooses.
-pub(crate) fn run_kernel(
-    kernel: &kernel_ir::Kernel,
-    context: &str,
-    requested: Backend,
-    inputs: &[Buffer],
-    outputs: &[Buffer],
-    in_types: &[TensorType],
-    out_types: &[TensorType],
-) -> Result<String, OpError> {
-    if let Some(used) = run_in_place(
-        kernel, context, requested, inputs, outputs, in_types, out_types,
-    ) {
-        return used;
+impl<'a> HostCall<'a> {
+    /// Reads the buffers' types (`ValueError` for an unsupported dtype).
+    pub(crate) fn new(
+        context: String,
+        requested: Backend,
+        inputs: &'a [Buffer],
+        outputs: &'a [Buffer],
+    ) -> Result<Self, OpError> {
+        Ok(HostCall {
+            context,
+            requested,
+            in_types: types(inputs, "input").map_err(OpError::Bad)?,
+            out_types: types(outputs, "output").map_err(OpError::Bad)?,
+            inputs,
+            outputs,
+        })
     }
-    run_through_arrays(context, inputs, outputs, in_types, out_types, |arrays| {
-        let (out, resolution) = runtime::run(kernel, arrays, requested)?;
-        Ok((out, resolution.backend))
-    })
-}
 
-/// Copies `inputs` into arrays, runs `f` on them with panics caught, checks and writes
-/// its results into `outputs`; returns the backend that ran.
-fn run_through_arrays(
-    context: &str,
-    inputs: &[Buffer],
-    outputs: &[Buffer],
-    in_types: &[TensorType],
-    out_types: &[TensorType],
-    f: impl FnOnce(&[Array]) -> Result<(Vec<Array>, Backend), BoxError>,
-) -> Result<String, OpError> {
-    let result = catch_unwind(AssertUnwindSafe(
-        || -> Result<(Vec<Array>, Backend), BoxError> {
-            // SAFETY: the caller passes live, contiguous buffers of these types.
-            let arrays: Vec<Array> = inputs
-                .iter()
-                .zip(in_types)
-                .enumerate()
-                .map(|(i, (b, t))| unsafe { read(b.0, t, &format!("a copy of input {i}")) })
-                .collect::<Result<_, _>>()?;
-            f(&arrays)
-        },
-    ));
-    let (got, used) = match result {
-        Ok(Ok(v)) => v,
-        Ok(Err(e)) => return Err(OpError::from_run(context, &*e)),
-        Err(_) => {
-            return Err(OpError::Failed(format!(
-                "{context}: internal error (panic)"
-            )))
-        }
-    };
-    if got.len() != outputs.len() {
-        return Err(OpError::Bad(format!(
-            "{context} returns {} outputs, {} buffers were given",
-            got.len(),
-            outputs.len()
-        )));
-    }
-    for (i, (a, t)) in got.iter().zip(out_types).enumerate() {
-        if a.ty() != t {
+    /// Runs one kernel whose types match the buffers': in place when it can, else
+    /// through arrays on the backend `runtime` chooses.
+    pub(crate) fn run_kernel(&self, kernel: &kernel_ir::Kernel) -> Result<String, OpError> {
+        if kernel.input_types() != self.in_types || kernel.output_types() != self.out_types {
+            let names = |ts: &[TensorType]| ts.iter().map(ToString::to_string).collect::<Vec<_>>();
             return Err(OpError::Bad(format!(
-                "{context} output {i} is {}, the buffer is {t}",
-                a.ty()
+                "{}: the kernel takes {:?} and returns {:?}, the call passes {:?} and {:?}",
+                self.context,
+                names(&kernel.input_types()),
+                names(&kernel.output_types()),
+                names(&self.in_types),
+                names(&self.out_types),
             )));
         }
+        if let Some(used) = self.in_place(kernel) {
+            return used;
+        }
+        self.through_arrays(|arrays| {
+            let (out, resolution) = runtime::run(kernel, arrays, self.requested)?;
+            Ok((out, resolution.backend))
+        })
     }
-    for (a, b) in got.iter().zip(outputs) {
-        // SAFETY: checked above that each buffer has the output's type.
-        unsafe { write(b.0, a) };
+
+    /// The zero-copy path: a kernel that runs natively on f32/i32/bool buffers reads the
+    /// tensors' storage and writes the outputs' directly. `None` when it does not apply
+    /// (then the caller copies through arrays).
+    fn in_place(&self, kernel: &kernel_ir::Kernel) -> Option<Result<String, OpError>> {
+        let narrow = |t: &TensorType| matches!(t.dtype, DType::BF16 | DType::F16);
+        if kernel.input_types() != self.in_types
+            || kernel.output_types() != self.out_types
+            || self.in_types.iter().chain(&self.out_types).any(narrow)
+            || runtime::resolve(self.requested, kernel).ok()?.backend != Backend::Native
+        {
+            return None;
+        }
+        let ins: Vec<usize> = self.inputs.iter().map(|b| b.0).collect();
+        let outs: Vec<usize> = self.outputs.iter().map(|b| b.0).collect();
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            let ins: Vec<*const std::ffi::c_void> = ins.iter().map(|&a| a as *const _).collect();
+            let outs: Vec<*mut std::ffi::c_void> = outs.iter().map(|&a| a as *mut _).collect();
+            // SAFETY: the callers pass the data pointers of contiguous buffers of exactly
+            // these types (checked above), and fresh output buffers.
+            unsafe { runtime::native::backend().run_in_place(kernel, &ins, &outs) }
+        }));
+        let context = &self.context;
+        Some(match result {
+            Ok(Ok(())) => Ok(Backend::Native.name().to_string()),
+            Ok(Err(e)) => Err(OpError::from_run(context, &e)),
+            Err(_) => Err(OpError::Failed(format!(
+                "{context}: internal error (panic)"
+            ))),
+        })
     }
-    Ok(used.name().to_string())
+
+    /// Copies the inputs into arrays, runs `f` on them with panics caught, checks and
+    /// writes its results into the outputs; returns the backend that ran.
+    fn through_arrays(
+        &self,
+        f: impl FnOnce(&[Array]) -> Result<(Vec<Array>, Backend), BoxError>,
+    ) -> Result<String, OpError> {
+        let context = &self.context;
+        let result = catch_unwind(AssertUnwindSafe(
+            || -> Result<(Vec<Array>, Backend), BoxError> {
+                // SAFETY: the caller passes live, contiguous buffers of these types.
+                let arrays: Vec<Array> = self
+                    .inputs
+                    .iter()
+                    .zip(&self.in_types)
+                    .enumerate()
+                    .map(|(i, (b, t))| unsafe { read(b.0, t, &format!("a copy of input {i}")) })
+                    .collect::<Result<_, _>>()?;
+                f(&arrays)
+            },
+        ));
+        let (got, used) = match result {
+            Ok(Ok(v)) => v,
+            Ok(Err(e)) => return Err(OpError::from_run(context, &*e)),
+            Err(_) => {
+                return Err(OpError::Failed(format!(
+                    "{context}: internal error (panic)"
+                )))
+            }
+        };
+        if got.len() != self.outputs.len() {
+            return Err(OpError::Bad(format!(
+                "{context} returns {} outputs, {} buffers were given",
+                got.len(),
+                self.outputs.len()
+            )));
+        }
+        for (i, (a, t)) in got.iter().zip(&self.out_types).enumerate() {
+            if a.ty() != t {
+                return Err(OpError::Bad(format!(
+                    "{context} output {i} is {}, the buffer is {t}",
+                    a.ty()
+                )));
+            }
+        }
+        for (a, b) in got.iter().zip(self.outputs) {
+            // SAFETY: checked above that each buffer has the output's type.
+            unsafe { write(b.0, a) };
+        }
+        Ok(used.name().to_string())
+    }
 }
 
 /// The library op `kernel` and its parsed parameters (`name=value` items).
@@ -306,20 +328,15 @@ fn run_op(
     let requested: Backend = backend
         .parse()
         .map_err(|e: runtime::Error| OpError::Bad(e.to_string()))?;
-    let in_types = types(inputs, "input").map_err(OpError::Bad)?;
-    let out_types = types(outputs, "output").map_err(OpError::Bad)?;
-    let context = format!("{kernel} {p}");
+    let call = HostCall::new(format!("{kernel} {p}"), requested, inputs, outputs)?;
     if let Some(built) = traced(k, &p) {
         if let [single] = built.as_slice() {
-            let used = run_in_place(
-                single, &context, requested, inputs, outputs, &in_types, &out_types,
-            );
-            if let Some(used) = used {
+            if let Some(used) = call.in_place(single) {
                 return used;
             }
         }
     }
-    run_through_arrays(&context, inputs, outputs, &in_types, &out_types, |arrays| {
+    call.through_arrays(|arrays| {
         let mut used = Backend::Interp;
         let got = k.run(&p, arrays, &mut |kern, ins| {
             let (out, resolution) = runtime::run(kern, ins, requested)?;

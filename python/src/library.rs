@@ -12,7 +12,7 @@ use kernel_ir::{parse_kernel, Kernel};
 use pyo3::exceptions::{PyFileNotFoundError, PyValueError};
 use pyo3::prelude::*;
 
-use crate::{run_kernel, types, Buffer, OpError};
+use crate::{Buffer, HostCall, OpError};
 
 type BuildSymbol = unsafe extern "C" fn(*const c_char, *const c_char) -> *mut c_char;
 type ManifestSymbol = unsafe extern "C" fn() -> *mut c_char;
@@ -220,27 +220,7 @@ fn run_user(
         let requested = backend
             .parse()
             .map_err(|e: runtime::Error| OpError::Bad(e.to_string()))?;
-        let in_types = types(&inputs, "input").map_err(OpError::Bad)?;
-        let out_types = types(&outputs, "output").map_err(OpError::Bad)?;
-        if k.input_types() != in_types || k.output_types() != out_types {
-            return Err(OpError::Bad(format!(
-                "op `{op}`: its kernel takes {:?} and returns {:?}, the call passes {:?} and {:?}",
-                k.input_types()
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>(),
-                k.output_types()
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>(),
-                in_types.iter().map(ToString::to_string).collect::<Vec<_>>(),
-                out_types
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>(),
-            )));
-        }
-        run_kernel(&k, op, requested, &inputs, &outputs, &in_types, &out_types)
+        HostCall::new(format!("op `{op}`"), requested, &inputs, &outputs)?.run_kernel(&k)
     })?)
 }
 
@@ -307,12 +287,8 @@ impl UserCall {
     /// backend declines the kernel.
     pub(crate) fn run(&self, inputs: &[Buffer], outputs: &[Buffer]) -> Result<(), String> {
         let k = self.kernel()?;
-        let in_types = types(inputs, "input")?;
-        let out_types = types(outputs, "output")?;
         let run = |backend| {
-            run_kernel(
-                &k, &self.op, backend, inputs, outputs, &in_types, &out_types,
-            )
+            HostCall::new(format!("op `{}`", self.op), backend, inputs, outputs)?.run_kernel(&k)
         };
         run(runtime::Backend::Native)
             .or_else(|_| run(runtime::Backend::Interp))
