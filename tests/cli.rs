@@ -283,9 +283,9 @@ fn bench_reports_time_throughput_and_peaks() {
         "{}",
         stdout(&o)
     );
-    let o = tessera(&["bench", "flash_attention_bwd", "--vs", "torch"]);
+    let o = tessera(&["bench", "flash_attention_bwd", "--vs", "xla"]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("has no PyTorch baseline"));
+    assert!(stderr(&o).contains("has no XLA baseline"), "{}", stderr(&o));
     let o = tessera(&[
         "bench",
         "softmax",

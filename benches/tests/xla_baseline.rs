@@ -32,7 +32,11 @@ fn baselines_match_the_references() {
     for (name, overrides) in BASELINE_CHECKS {
         let k = find(name).unwrap();
         let case = Case::new(k, &[overrides.to_string()]).unwrap();
-        let got = case.run_xla_baseline().unwrap().expect("a baseline exists");
+        let Some(got) = case.run_xla_baseline().unwrap() else {
+            // The attention backward has a PyTorch baseline only (checked below).
+            assert_eq!(*name, "flash_attention_bwd", "{name} has no XLA baseline");
+            continue;
+        };
         let want = k.reference(&case.params, &case.inputs).unwrap();
         let c = compare(&got, &want, k.tolerance(&case.params));
         assert!(c.ok(), "{name} {overrides}: {c:?}");
