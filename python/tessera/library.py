@@ -14,7 +14,7 @@ import threading
 
 import torch
 
-from . import _tessera
+from . import _backend, _tessera
 
 _DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16",
                 torch.int32: "i32", torch.bool: "bool"}
@@ -23,9 +23,11 @@ _SCALAR_TYPES = {"float", "int", "bool"}
 
 # Library id -> the torch.library fragment holding its ops (kept alive).
 _fragments = {}
-# Namespace -> {op name: parsed schema}, for graph mode.
+# Namespace -> {op name: parsed schema} and namespace -> library id, for graph mode.
 _schemas = {}
-_paths = {}
+_ids = {}
+# Namespaces a library may not use (PyTorch's and Tessera's own).
+_RESERVED = {"aten", "prim", "prims", "quantized", "tessera"}
 _lock = threading.Lock()
 
 
@@ -41,7 +43,7 @@ def call_params(node):
     args = [a.meta.get("val") if hasattr(a, "meta") else a for a in node.args]
     kwargs = {k: (v.meta.get("val") if hasattr(v, "meta") else v) for k, v in node.kwargs.items()}
     request, tensors = _request(op, _bind(op, args, kwargs))
-    lib = _tessera.load_library(_paths[node.target.namespace])[0]
+    lib = _ids[node.target.namespace]
     name = node.target._opname
     outputs = [(shape, d) for d, shape in _tessera.user_output_types(lib, name, request)]
     params = {"namespace": node.target.namespace, "op": name, "request": request.encode().hex()}
@@ -54,6 +56,11 @@ def load_library(path):
     path = os.path.abspath(os.fspath(path))
     lib, namespace, schemas = _tessera.load_library(path)
     with _lock:
+        if namespace in _RESERVED:
+            raise ValueError(f"{path}: namespace `{namespace}` is reserved; choose another in export_ops!")
+        if _ids.get(namespace, lib) != lib:
+            raise ValueError(f"{path}: namespace `{namespace}` is already registered by another "
+                             "loaded library")
         if lib not in _fragments:
             parsed = [_parse(path, namespace, s) for s in schemas]
             fragment = torch.library.Library(namespace, "FRAGMENT")
@@ -61,7 +68,7 @@ def load_library(path):
                 _register(fragment, lib, namespace, schema, op)
             _fragments[lib] = fragment
             _schemas[namespace] = {op.name.split("::", 1)[1]: op for op in parsed}
-            _paths[namespace] = path
+            _ids[namespace] = lib
     return getattr(torch.ops, namespace)
 
 
@@ -131,7 +138,6 @@ def _register(fragment, lib, namespace, schema, op):
                 raise ValueError(f"{op.name}: {arg}: Tessera ops run on CPU tensors, got device {t.device}")
         inputs = [t.contiguous() for _, t in tensors]
         outputs = [torch.empty(shape, dtype=dtype) for dtype, shape in output_types(request)]
-        from . import _backend
         _tessera.run_user(
             lib, name, request,
             [(t.data_ptr(), list(t.shape), _DTYPE_NAMES[t.dtype]) for t in inputs],

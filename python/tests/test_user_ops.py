@@ -145,7 +145,7 @@ def _c_library(tmp_path, name, manifest):
     return out
 
 
-def test_libraries_of_another_version_or_with_bad_schemas_are_refused(tmp_path):
+def test_libraries_of_another_version_or_with_bad_schemas_are_refused(user_ops, tmp_path):
     newer = _c_library(tmp_path, "newer", "tessera-op-library 2\nir 1\nnamespace newer\n")
     with pytest.raises(ValueError, match="speaks op-library protocol 2.*rebuild the library"):
         tessera.load_library(newer)
@@ -155,6 +155,12 @@ def test_libraries_of_another_version_or_with_bad_schemas_are_refused(tmp_path):
     lists = _c_library(tmp_path, "lists", "tessera-op-library 1\nir 1\nnamespace lists\nop g(Tensor[] xs) -> Tensor\n")
     with pytest.raises(ValueError, match="op `g` argument `xs` has type List\\[Tensor\\]"):
         tessera.load_library(lists)
+    reserved = _c_library(tmp_path, "reserved", "tessera-op-library 1\nir 1\nnamespace tessera\nop x(Tensor x) -> Tensor\n")
+    with pytest.raises(ValueError, match="namespace `tessera` is reserved"):
+        tessera.load_library(reserved)
+    twin = _c_library(tmp_path, "twin", "tessera-op-library 1\nir 1\nnamespace user_ops\nop y(Tensor x) -> Tensor\n")
+    with pytest.raises(ValueError, match="namespace `user_ops` is already registered"):
+        tessera.load_library(twin)
     failing = _c_library(tmp_path, "failing", "tessera-op-library 1\nir 1\nnamespace failing\nop h(Tensor x) -> Tensor\n")
     ops = tessera.load_library(failing)
     with pytest.raises(ValueError, match="op `h`: unused"):
