@@ -18,6 +18,9 @@ type BuildSymbol = unsafe extern "C" fn(*const c_char, *const c_char) -> *mut c_
 type ManifestSymbol = unsafe extern "C" fn() -> *mut c_char;
 type FreeSymbol = unsafe extern "C" fn(*mut c_char);
 
+/// Namespaces a library may not use: PyTorch's and Tessera's own.
+const RESERVED_NAMESPACES: &[&str] = &["aten", "prim", "prims", "quantized", "tessera"];
+
 /// Kernels built per library, op and request, at most this many (then the memo restarts).
 const BUILD_MEMO_LIMIT: usize = 1024;
 
@@ -93,7 +96,8 @@ fn parse_manifest(path: &str, text: &str) -> Result<(String, Vec<String>), Strin
 }
 
 /// Loads the op library at `path` (once per path); returns its id, namespace and op
-/// schemas.
+/// schemas. A reserved namespace, or one another loaded library has, is refused (so a
+/// namespace names one library, as graph mode's custom calls rely on).
 #[pyfunction]
 fn load_library(path: &str) -> PyResult<(usize, String, Vec<String>)> {
     let mut libs = libraries().lock().unwrap_or_else(|e| e.into_inner());
@@ -137,6 +141,17 @@ fn load_library(path: &str) -> PyResult<(usize, String, Vec<String>)> {
     let text = unsafe { take(manifest(), free) }
         .ok_or_else(|| PyValueError::new_err(format!("{path}: the manifest is empty")))?;
     let (namespace, schemas) = parse_manifest(path, &text).map_err(PyValueError::new_err)?;
+    if RESERVED_NAMESPACES.contains(&namespace.as_str()) {
+        return Err(PyValueError::new_err(format!(
+            "{path}: namespace `{namespace}` is reserved; choose another in export_ops!"
+        )));
+    }
+    if let Some(other) = libs.iter().find(|l| l.namespace == namespace) {
+        return Err(PyValueError::new_err(format!(
+            "{path}: namespace `{namespace}` is already registered by {}",
+            other.path
+        )));
+    }
     libs.push(Loaded {
         path: path.to_string(),
         namespace: namespace.clone(),

@@ -26,8 +26,6 @@ _fragments = {}
 # Namespace -> {op name: parsed schema} and namespace -> library id, for graph mode.
 _schemas = {}
 _ids = {}
-# Namespaces a library may not use (PyTorch's and Tessera's own).
-_RESERVED = {"aten", "prim", "prims", "quantized", "tessera"}
 _lock = threading.Lock()
 
 
@@ -56,11 +54,6 @@ def load_library(path):
     path = os.path.abspath(os.fspath(path))
     lib, namespace, schemas = _tessera.load_library(path)
     with _lock:
-        if namespace in _RESERVED:
-            raise ValueError(f"{path}: namespace `{namespace}` is reserved; choose another in export_ops!")
-        if _ids.get(namespace, lib) != lib:
-            raise ValueError(f"{path}: namespace `{namespace}` is already registered by another "
-                             "loaded library")
         if lib not in _fragments:
             parsed = [_parse(path, namespace, s) for s in schemas]
             fragment = torch.library.Library(namespace, "FRAGMENT")
