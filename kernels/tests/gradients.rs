@@ -83,3 +83,35 @@ fn gradients_match_finite_differences() {
         ("scale", "0.7"),
     ]);
 }
+
+/// The backward with the forward's `(o, lse)` passed in gives the gradients of the one
+/// that recomputes them, and a wrong input count is an error naming both forms.
+#[test]
+fn saved_forward_results_give_the_same_gradients() {
+    let bwd = find("flash_attention_bwd").unwrap();
+    let fwd = find("flash_attention").unwrap();
+    let pairs = [
+        ("heads", "4"),
+        ("kv_heads", "2"),
+        ("q_len", "9"),
+        ("kv_len", "13"),
+        ("head_dim", "8"),
+        ("causal", "true"),
+    ];
+    let p = Params::with(bwd.params(), &pairs).unwrap();
+    let inputs = bwd.inputs(&p, 3).unwrap();
+    let recomputed = bwd.run(&p, &inputs, &mut interp).unwrap();
+    let saved = fwd.run(&p, &inputs[..3], &mut interp).unwrap();
+    let mut with_saved = inputs.clone();
+    with_saved.extend(saved);
+    let given = bwd.run(&p, &with_saved, &mut interp).unwrap();
+    assert_eq!(recomputed, given);
+    let err = bwd
+        .run(&p, &inputs[..3], &mut interp)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("(q, k, v, do) or (q, k, v, do, o, lse), got 3 inputs"),
+        "{err}"
+    );
+}

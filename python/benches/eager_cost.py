@@ -5,7 +5,9 @@
 Each row times the Tessera op and the PyTorch computation a user would write instead,
 on the same inputs, alternating, and prints medians (of `--repeats` timings, each the
 mean of enough calls to take ~20 ms) and their ratio (< 1: Tessera is faster). torch
-keeps its own 2 threads; Tessera's native backend uses both cores.
+keeps its own 2 threads; Tessera's native backend uses both cores (small kernels run on
+the calling thread). The inference_mode row shows the dispatcher path alone: there
+PyTorch skips autograd kernels, which for Tessera's ops are Python.
 """
 
 import argparse
@@ -64,6 +66,15 @@ def rows():
         return run
 
     yield "softmax 64x256", lambda: ops.softmax(x64), lambda: torch.softmax(x64, -1)
+
+    def inference(fn):
+        def run():
+            with torch.inference_mode():
+                return fn()
+        return run
+
+    yield ("same, under inference_mode", inference(lambda: ops.softmax(x64)),
+           inference(lambda: torch.softmax(x64, -1)))
     yield ("rms_norm 64x256", lambda: ops.rms_norm(x64, w256, 1e-5),
            lambda: F.rms_norm(x64, (256,), w256, 1e-5))
     yield "softmax 512x2048", lambda: ops.softmax(x512), lambda: torch.softmax(x512, -1)

@@ -10,6 +10,7 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use runtime::cache::Source;
 use runtime::pjrt::{Element, Executable, HostBuffer};
+use runtime::Backend;
 
 use crate::library::UserCall;
 use crate::{library_op, run_op, Buffer};
@@ -154,8 +155,8 @@ fn run_custom_call(call: &runtime::custom_call::OpCall) -> Result<(), String> {
     if op == USER_OP {
         return UserCall::parse(&params)?.run(&ins, &outs);
     }
-    run_op(op, &params, &ins, &outs, "native")
-        .or_else(|_| run_op(op, &params, &ins, &outs, "interp"))
+    run_op(op, &params, &ins, &outs, Backend::Native)
+        .or_else(|_| run_op(op, &params, &ins, &outs, Backend::Interp))
         .map(|_| ())
         .map_err(|e| e.message())
 }

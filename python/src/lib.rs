@@ -15,6 +15,8 @@ use runtime::Backend;
 
 mod graph;
 mod library;
+mod torch_abi;
+mod torch_ops;
 
 /// A contiguous host buffer: address, shape, dtype name.
 pub(crate) type Buffer = (usize, Vec<u64>, String);
@@ -110,28 +112,77 @@ fn types(buffers: &[Buffer], what: &str) -> Result<Vec<TensorType>, String> {
         .collect()
 }
 
-/// Runs library kernel `kernel` with parameters `params` (`name=value` items) on
-/// `inputs` and writes its outputs into `outputs`; returns the backend that ran it.
-/// The kernels of op `k` for `p`: traced once per op and parameters, then remembered
-/// (at most [`TRACE_MEMO_LIMIT`] sets; the memo starts afresh when full).
-fn traced(k: &dyn kernels::LibraryKernel, p: &Params) -> Option<Arc<Vec<kernel_ir::Kernel>>> {
-    static MEMO: OnceLock<Mutex<HashMap<String, Arc<Vec<kernel_ir::Kernel>>>>> = OnceLock::new();
-    let memo = MEMO.get_or_init(Default::default);
-    let key = format!("{} {p}", k.name());
-    if let Some(hit) = memo.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
-        return Some(hit.clone());
-    }
-    let built = Arc::new(k.build(p).ok()?);
-    let mut memo = memo.lock().unwrap_or_else(|e| e.into_inner());
-    if memo.len() >= TRACE_MEMO_LIMIT {
-        memo.clear();
-    }
-    memo.insert(key, built.clone());
-    Some(built)
+/// A library op made ready for one parameter set and requested backend: its kernels,
+/// and when it is one kernel the native backend runs on the callers' f32/i32/bool
+/// storage, that kernel compiled. Remembered ([`prepared`]), so a repeated call skips
+/// parsing, tracing, backend resolution and compilation lookups.
+struct PreparedOp {
+    op: &'static dyn kernels::LibraryKernel,
+    params: Params,
+    /// The traced kernels (`None` when tracing failed: `run` reports why).
+    built: Option<Vec<kernel_ir::Kernel>>,
+    native: Option<runtime::native::Prepared>,
 }
 
-/// Traced kernel sets the extension remembers.
-const TRACE_MEMO_LIMIT: usize = 1024;
+/// Prepared ops the extension remembers, at most this many (the memo then restarts).
+const PREPARED_MEMO_LIMIT: usize = 1024;
+
+/// The prepared op for `kernel`, `params` (`name=value` items) and `requested`.
+fn prepared(
+    kernel: &str,
+    params: &[String],
+    requested: Backend,
+) -> Result<Arc<PreparedOp>, OpError> {
+    static MEMO: OnceLock<Mutex<HashMap<String, Arc<PreparedOp>>>> = OnceLock::new();
+    let memo = MEMO.get_or_init(Default::default);
+    let mut key = format!("{kernel} {requested}");
+    for p in params {
+        key.push(' ');
+        key.push_str(p);
+    }
+    if let Some(hit) = memo.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(hit.clone());
+    }
+    let (op, params) = library_op(kernel, params).map_err(OpError::Bad)?;
+    let built = op.build(&params).ok();
+    let narrow = |t: &TensorType| matches!(t.dtype, DType::BF16 | DType::F16);
+    let native = match built.as_deref() {
+        Some([single])
+            if !single
+                .input_types()
+                .iter()
+                .chain(&single.output_types())
+                .any(narrow)
+                && runtime::resolve(requested, single)
+                    .is_ok_and(|r| r.backend == Backend::Native) =>
+        {
+            // A kernel the JIT cannot compile runs through arrays, where `auto` falls back.
+            runtime::native::backend().prepare(single).ok()
+        }
+        _ => None,
+    };
+    let prepared = Arc::new(PreparedOp {
+        op,
+        params,
+        built,
+        native,
+    });
+    let mut memo = memo.lock().unwrap_or_else(|e| e.into_inner());
+    if memo.len() >= PREPARED_MEMO_LIMIT {
+        memo.clear();
+    }
+    memo.insert(key, prepared.clone());
+    Ok(prepared)
+}
+
+/// Whether the buffers have exactly these types.
+fn buffers_match(buffers: &[Buffer], types: &[TensorType]) -> bool {
+    buffers.len() == types.len()
+        && buffers
+            .iter()
+            .zip(types)
+            .all(|((_, shape, d), t)| *shape == t.shape && d == t.dtype.name())
+}
 
 /// One run on host buffers: what it is (for messages), the backend asked for, and the
 /// buffers with their types.
@@ -322,23 +373,35 @@ fn run_op(
     params: &[String],
     inputs: &[Buffer],
     outputs: &[Buffer],
-    backend: &str,
+    requested: Backend,
 ) -> Result<String, OpError> {
-    let (k, p) = library_op(kernel, params).map_err(OpError::Bad)?;
-    let requested: Backend = backend
-        .parse()
-        .map_err(|e: runtime::Error| OpError::Bad(e.to_string()))?;
-    let call = HostCall::new(format!("{kernel} {p}"), requested, inputs, outputs)?;
-    if let Some(built) = traced(k, &p) {
-        if let [single] = built.as_slice() {
-            if let Some(used) = call.in_place(single) {
-                return used;
-            }
+    let prepared = prepared(kernel, params, requested)?;
+    let PreparedOp { op, params: p, .. } = &*prepared;
+    if let (Some(native), Some([single])) = (&prepared.native, prepared.built.as_deref()) {
+        if buffers_match(inputs, &single.input_types())
+            && buffers_match(outputs, &single.output_types())
+        {
+            let ins: Vec<*const std::ffi::c_void> =
+                inputs.iter().map(|b| b.0 as *const _).collect();
+            let outs: Vec<*mut std::ffi::c_void> = outputs.iter().map(|b| b.0 as *mut _).collect();
+            // SAFETY: the callers pass the data pointers of contiguous buffers of exactly
+            // these types (checked above), and fresh output buffers.
+            let result = catch_unwind(AssertUnwindSafe(|| unsafe {
+                native.run_in_place(&ins, &outs)
+            }));
+            return match result {
+                Ok(Ok(())) => Ok(Backend::Native.name().to_string()),
+                Ok(Err(e)) => Err(OpError::from_run(format!("{kernel} {p}"), &e)),
+                Err(_) => Err(OpError::Failed(format!(
+                    "{kernel} {p}: internal error (panic)"
+                ))),
+            };
         }
     }
+    let call = HostCall::new(format!("{kernel} {p}"), requested, inputs, outputs)?;
     call.through_arrays(|arrays| {
         let mut used = Backend::Interp;
-        let got = k.run(&p, arrays, &mut |kern, ins| {
+        let got = op.run(p, arrays, &mut |kern, ins| {
             let (out, resolution) = runtime::run(kern, ins, requested)?;
             used = resolution.backend;
             Ok(out)
@@ -359,7 +422,43 @@ fn run(
     outputs: Vec<Buffer>,
     backend: &str,
 ) -> PyResult<String> {
-    Ok(py.detach(|| run_op(kernel, &params, &inputs, &outputs, backend))?)
+    let requested = parse_backend(backend)?;
+    Ok(py.detach(|| run_op(kernel, &params, &inputs, &outputs, requested))?)
+}
+
+/// A backend name (`ValueError` for an unknown one).
+fn parse_backend(name: &str) -> Result<Backend, OpError> {
+    name.parse()
+        .map_err(|e: runtime::Error| OpError::Bad(e.to_string()))
+}
+
+/// The schemas of the dispatcher ops (`name(args) -> results`),
+/// which Python defines in the `tessera` namespace before [`register_cpu_kernels`].
+#[pyfunction]
+fn op_schemas() -> Vec<&'static str> {
+    torch_ops::OPS.iter().map(|op| op.schema).collect()
+}
+
+/// Registers the CPU kernels of the ops of [`op_schemas`] (already defined) through
+/// PyTorch's stable C interface, resolved from `libtorch_cpu` at `path`.
+#[pyfunction]
+fn register_cpu_kernels(path: &str) -> PyResult<()> {
+    let torch = torch_abi::load(path).map_err(PyRuntimeError::new_err)?;
+    torch
+        .register_cpu("tessera", &torch_ops::kernels())
+        .map_err(PyRuntimeError::new_err)
+}
+
+/// Sets the backend this thread's ops ask for; returns the previous one.
+#[pyfunction]
+fn set_backend(name: &str) -> PyResult<&'static str> {
+    Ok(torch_ops::set_backend(parse_backend(name)?).name())
+}
+
+/// The backend this thread's ops ask for.
+#[pyfunction]
+fn current_backend() -> &'static str {
+    torch_ops::backend().name()
 }
 
 /// The backend a kernel would run on, and why better ones were skipped.
@@ -367,9 +466,7 @@ fn run(
 #[pyo3(signature = (kernel, params, backend = "auto"))]
 fn explain(kernel: &str, params: Vec<String>, backend: &str) -> PyResult<(String, Vec<String>)> {
     let (k, p) = library_op(kernel, &params).map_err(PyValueError::new_err)?;
-    let requested: Backend = backend
-        .parse()
-        .map_err(|e: runtime::Error| PyValueError::new_err(e.to_string()))?;
+    let requested = parse_backend(backend)?;
     let kernels = k
         .build(&p)
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
@@ -385,6 +482,10 @@ fn explain(kernel: &str, params: Vec<String>, backend: &str) -> PyResult<(String
 fn _tessera(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run, m)?)?;
     m.add_function(wrap_pyfunction!(explain, m)?)?;
+    m.add_function(wrap_pyfunction!(op_schemas, m)?)?;
+    m.add_function(wrap_pyfunction!(register_cpu_kernels, m)?)?;
+    m.add_function(wrap_pyfunction!(set_backend, m)?)?;
+    m.add_function(wrap_pyfunction!(current_backend, m)?)?;
     graph::register(m)?;
     library::register(m)?;
     Ok(())

@@ -1,9 +1,10 @@
 """Tessera kernels as PyTorch ops: ``torch.ops.tessera.*``.
 
-Importing this package registers the ops with ``torch.library.custom_op``: a CPU
-implementation that runs the Tessera kernel (native > XLA > interpreter, see
-``tessera.explain``), a fake (meta) implementation for ``torch.compile``, and autograd
-for attention (through the FlashAttention backward kernels).
+Importing this package registers the ops with PyTorch's dispatcher: a CPU kernel in
+the extension (Rust, registered through PyTorch's stable C interface) that runs the
+Tessera kernel (native > XLA > interpreter, see ``tessera.explain``), a fake (meta)
+kernel for ``torch.compile``, and autograd (attention through the FlashAttention
+backward kernel, the others through PyTorch's math).
 
     import torch, tessera
     y = torch.ops.tessera.softmax(x)
@@ -13,7 +14,7 @@ for attention (through the FlashAttention backward kernels).
 
 import contextlib
 import math
-import threading
+import os
 from typing import Optional
 
 import torch
@@ -24,24 +25,23 @@ __all__ = ["backend", "disable_sdpa_override", "enable_sdpa_override", "explain"
            "explain_graph", "export", "graph_stats", "load_library", "reset_graph_stats"]
 
 _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
-_state = threading.local()
 
 
 def _backend() -> str:
-    return getattr(_state, "backend", "auto")
+    return _tessera.current_backend()
 
 
 @contextlib.contextmanager
 def backend(name: str):
-    """Forces a backend (``interp``, ``xla``, ``native`` or ``auto``) inside the block."""
+    """Forces a backend (``interp``, ``xla``, ``native`` or ``auto``) for the ops this
+    thread runs inside the block."""
     if name not in ("interp", "xla", "native", "auto"):
         raise ValueError(f"backend: expected interp, xla, native or auto, got {name!r}")
-    previous = _backend()
-    _state.backend = name
+    previous = _tessera.set_backend(name)
     try:
         yield
     finally:
-        _state.backend = previous
+        _tessera.set_backend(previous)
 
 
 def explain(kernel: str, **params) -> tuple:
@@ -50,13 +50,35 @@ def explain(kernel: str, **params) -> tuple:
     return _tessera.explain(kernel, [f"{k}={v}" for k, v in params.items()], _backend())
 
 
+# ---- the ops: schemas and CPU kernels from the extension ------------------------------
+#
+# The extension holds each op's schema and its CPU kernel (Rust, registered with the
+# dispatcher through PyTorch's stable C interface: an eager call runs no Python below
+# autograd). Python adds what PyTorch needs in Python: fake kernels for torch.compile,
+# and autograd kernels.
+
+_lib = torch.library.Library("tessera", "DEF")
+for _schema in _tessera.op_schemas():
+    _lib.define(_schema)
+_tessera.register_cpu_kernels(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
+
+_PYTHON_ERRORS = {"ValueError": ValueError, "MemoryError": MemoryError}
+
+
+def _python_error(e: RuntimeError) -> Exception:
+    """The exception a native kernel's error stands for: its message starts with the
+    Python exception's name (C++ exceptions reach Python as RuntimeError)."""
+    kind, sep, message = str(e).partition(": ")
+    error = _PYTHON_ERRORS.get(kind)
+    return error(message) if sep and error else e
+
+
+# ---- fake kernels (torch.compile, meta tensors) ------------------------------------
+
+
 def _check(t: torch.Tensor, name: str, rank: Optional[int] = None, dtype: Optional[torch.dtype] = None,
-           min_rank: int = 0) -> str:
-    """Checks one tensor argument (type, device, dtype, rank); returns its dtype name."""
-    if not isinstance(t, torch.Tensor):
-        raise ValueError(f"{name}: expected a tensor, got {type(t).__name__}")
-    if t.device.type != "cpu":
-        raise ValueError(f"{name}: tessera ops run on CPU tensors, got device {t.device}")
+           min_rank: int = 0) -> None:
+    """Checks one tensor argument of a fake kernel (the CPU kernels check the same)."""
     if t.dtype not in _DTYPES:
         raise ValueError(f"{name}: dtype {t.dtype} is not supported (float32, bfloat16, float16)")
     if dtype is not None and t.dtype != dtype:
@@ -65,7 +87,6 @@ def _check(t: torch.Tensor, name: str, rank: Optional[int] = None, dtype: Option
         raise ValueError(f"{name}: expected rank {rank}, got shape {tuple(t.shape)}")
     if t.dim() < min_rank:
         raise ValueError(f"{name}: expected at least {min_rank} dimension(s), got shape {tuple(t.shape)}")
-    return _DTYPES[t.dtype]
 
 
 def _same_device(**tensors) -> None:
@@ -77,178 +98,161 @@ def _same_device(**tensors) -> None:
         raise ValueError(f"tensor arguments are on different devices: {where}")
 
 
-def _check_eps(eps: float) -> None:
-    if not math.isfinite(eps):
-        raise ValueError(f"eps: expected a finite number, got {eps}")
-
-
 def _empty(like: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(like, memory_format=torch.contiguous_format)
 
 
-def _buffer(t: torch.Tensor, dt: str, shape=None):
-    return (t.data_ptr(), list(shape if shape is not None else t.shape), dt)
+def _fake(name):
+    return torch.library.register_fake(f"tessera::{name}", lib=_lib)
 
 
-def _run(kernel: str, params: dict, inputs, outputs) -> None:
-    """Runs ``kernel`` on contiguous ``inputs`` [(tensor, shape)] into ``outputs``."""
-    _tessera.run(
-        kernel,
-        [f"{k}={v}" for k, v in params.items()],
-        [_buffer(t, _DTYPES[t.dtype], s) for t, s in inputs],
-        [_buffer(t, _DTYPES[t.dtype], s) for t, s in outputs],
-        _backend(),
-    )
-
-
-def _rows(x: torch.Tensor):
-    cols = x.shape[-1]
-    return x.numel() // cols if cols else 0, cols
-
-
-# ---- element-wise and row-wise ops -------------------------------------------------
-
-
-@torch.library.custom_op("tessera::softmax", mutates_args=())
-def softmax(x: torch.Tensor) -> torch.Tensor:
-    """Softmax over the last dimension."""
-    dt = _check(x, "x", min_rank=1)
-    if x.numel() == 0:
-        return _empty(x)
-    x = x.contiguous()
-    out = torch.empty_like(x)
-    rows, cols = _rows(x)
-    _run("softmax", {"rows": rows, "cols": cols, "dtype": dt}, [(x, [rows, cols])], [(out, [rows, cols])])
-    return out
-
-
-@softmax.register_fake
+@_fake("softmax")
 def _(x):
+    _check(x, "x", min_rank=1)
     return _empty(x)
 
 
-@torch.library.custom_op("tessera::rms_norm", mutates_args=())
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
-    """``x / sqrt(mean(x^2) + eps) * weight`` over the last dimension."""
-    dt = _check(x, "x", min_rank=1)
-    _check(weight, "weight", rank=1, dtype=x.dtype)
-    if weight.shape[0] != x.shape[-1]:
-        raise ValueError(f"weight: expected {x.shape[-1]} elements, got {weight.shape[0]}")
-    _check_eps(eps)
-    if x.numel() == 0:
-        return _empty(x)
-    x, weight = x.contiguous(), weight.contiguous()
-    out = torch.empty_like(x)
-    rows, cols = _rows(x)
-    params = {"rows": rows, "cols": cols, "dtype": dt, "eps": eps}
-    _run("rms_norm", params, [(x, [rows, cols]), (weight, [cols])], [(out, [rows, cols])])
-    return out
-
-
-@rms_norm.register_fake
-def _(x, weight, eps=1e-5):
-    _same_device(x=x, weight=weight)
-    return _empty(x)
-
-
-@torch.library.custom_op("tessera::layer_norm", mutates_args=())
-def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
-    """``(x - mean) / sqrt(var + eps) * weight + bias`` over the last dimension."""
-    dt = _check(x, "x", min_rank=1)
-    for name, v in (("weight", weight), ("bias", bias)):
+def _row_vectors(x, **vectors):
+    _check(x, "x", min_rank=1)
+    for name, v in vectors.items():
         _check(v, name, rank=1, dtype=x.dtype)
         if v.shape[0] != x.shape[-1]:
             raise ValueError(f"{name}: expected {x.shape[-1]} elements, got {v.shape[0]}")
-    _check_eps(eps)
-    if x.numel() == 0:
-        return _empty(x)
-    x, weight, bias = x.contiguous(), weight.contiguous(), bias.contiguous()
-    out = torch.empty_like(x)
-    rows, cols = _rows(x)
-    params = {"rows": rows, "cols": cols, "dtype": dt, "eps": eps}
-    _run("layer_norm", params, [(x, [rows, cols]), (weight, [cols]), (bias, [cols])], [(out, [rows, cols])])
-    return out
-
-
-@layer_norm.register_fake
-def _(x, weight, bias, eps=1e-5):
-    _same_device(x=x, weight=weight, bias=bias)
+    _same_device(x=x, **vectors)
     return _empty(x)
 
 
-@torch.library.custom_op("tessera::swiglu", mutates_args=())
-def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """``silu(gate) * up``, fused."""
-    dt = _check(gate, "gate", min_rank=1)
+@_fake("rms_norm")
+def _(x, weight, eps=1e-5):
+    return _row_vectors(x, weight=weight)
+
+
+@_fake("layer_norm")
+def _(x, weight, bias, eps=1e-5):
+    return _row_vectors(x, weight=weight, bias=bias)
+
+
+@_fake("swiglu")
+def _(gate, up):
+    _check(gate, "gate", min_rank=1)
     _check(up, "up", dtype=gate.dtype)
     if gate.shape != up.shape:
         raise ValueError(f"up: shape {tuple(up.shape)} differs from gate's {tuple(gate.shape)}")
-    if gate.numel() == 0:
-        return _empty(gate)
-    gate, up = gate.contiguous(), up.contiguous()
-    out = torch.empty_like(gate)
-    rows, cols = _rows(gate)
-    params = {"rows": rows, "cols": cols, "dtype": dt}
-    _run("swiglu", params, [(gate, [rows, cols]), (up, [rows, cols])], [(out, [rows, cols])])
-    return out
-
-
-@swiglu.register_fake
-def _(gate, up):
     _same_device(gate=gate, up=up)
     return _empty(gate)
 
 
-@torch.library.custom_op("tessera::matmul", mutates_args=())
-def matmul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """``x @ y`` for 2-D tensors, f32 accumulation."""
-    dt = _check(x, "x", rank=2)
+@_fake("matmul")
+def _(x, y):
+    _check(x, "x", rank=2)
     _check(y, "y", rank=2, dtype=x.dtype)
     if x.shape[1] != y.shape[0]:
         raise ValueError(f"y: expected {x.shape[1]} rows to match x, got shape {tuple(y.shape)}")
-    m, k = x.shape
-    n = y.shape[1]
-    if m * n * k == 0:
-        return torch.zeros((m, n), dtype=x.dtype)
-    x, y = x.contiguous(), y.contiguous()
-    out = torch.empty((m, n), dtype=x.dtype)
-    _run("matmul", {"m": m, "k": k, "n": n, "dtype": dt}, [(x, [m, k]), (y, [k, n])], [(out, [m, n])])
-    return out
-
-
-@matmul.register_fake
-def _(x, y):
     _same_device(x=x, y=y)
     return x.new_empty((x.shape[0], y.shape[1]))
 
 
-@torch.library.custom_op("tessera::rope", mutates_args=())
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding (Llama rotate-half) of ``x: [batch, heads, seq, head_dim]``."""
-    dt = _check(x, "x", rank=4)
-    b, h, s, d = x.shape
+@_fake("rope")
+def _(x, cos, sin):
+    _check(x, "x", rank=4)
+    _, _, s, d = x.shape
     for name, t in (("cos", cos), ("sin", sin)):
         _check(t, name, rank=2, dtype=x.dtype)
         if tuple(t.shape) != (s, d):
             raise ValueError(f"{name}: expected shape {(s, d)}, got {tuple(t.shape)}")
-    if d % 2:
-        raise ValueError(f"x: rotary embedding needs an even head_dim, got {d}")
-    if x.numel() == 0:
-        return _empty(x)
-    x, cos, sin = x.contiguous(), cos.contiguous(), sin.contiguous()
-    out = torch.empty_like(x)
-    params = {"batch": b, "heads": h, "seq": s, "head_dim": d, "dtype": dt}
-    _run("rope", params, [(x, list(x.shape)), (cos, [s, d]), (sin, [s, d])], [(out, list(x.shape))])
-    return out
-
-
-@rope.register_fake
-def _(x, cos, sin):
     _same_device(x=x, cos=cos, sin=sin)
     return _empty(x)
 
 
-# ---- autograd of the non-attention ops ---------------------------------------------
+def _attention_shapes(q, k, v):
+    _check(q, "query", rank=4)
+    _check(k, "key", rank=4, dtype=q.dtype)
+    _check(v, "value", rank=4, dtype=q.dtype)
+    if q.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"query: flash_attention takes float32 or bfloat16, got {q.dtype}")
+    if k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3] or k.shape != v.shape:
+        raise ValueError(f"key/value: shapes {tuple(k.shape)}/{tuple(v.shape)} do not match query {tuple(q.shape)}")
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        raise ValueError(f"key: {k.shape[1]} heads do not divide the query's {q.shape[1]} heads")
+    _same_device(query=q, key=k, value=v)
+
+
+def _attention_params(q, k, v, is_causal, scale):
+    """The attention kernel's parameters for these arguments (graph mode's custom calls)."""
+    _attention_shapes(q, k, v)
+    b, h, sq, d = q.shape
+    if d == 0:
+        raise ValueError("query: head_dim must be at least 1")
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"scale: expected a finite number, got {scale}")
+    return {
+        "batch": b, "heads": h, "kv_heads": k.shape[1], "q_len": sq, "kv_len": k.shape[2], "head_dim": d,
+        "causal": "true" if is_causal else "false", "scale": repr(scale), "dtype": _DTYPES[q.dtype],
+    }
+
+
+@_fake("flash_attention_fwd")
+def _(q, k, v, is_causal, scale):
+    _attention_shapes(q, k, v)
+    return _empty(q), q.new_empty((*q.shape[:3], 1), dtype=torch.float32)
+
+
+@_fake("flash_attention_bwd")
+def _(q, k, v, grad_out, is_causal, scale, out=None, lse=None):
+    _attention_shapes(q, k, v)
+    if grad_out.shape != q.shape:
+        raise ValueError(f"grad_out: shape {tuple(grad_out.shape)} differs from query's {tuple(q.shape)}")
+    _same_device(query=q, grad_out=grad_out)
+    return _empty(q), _empty(k), _empty(v)
+
+
+@_fake("flash_attention")
+def _(q, k, v, is_causal=False, scale=None):
+    _attention_shapes(q, k, v)
+    return _empty(q)
+
+
+# ---- autograd kernels ------------------------------------------------------------------
+
+_below_autograd = torch._C._AutoDispatchBelowAutograd
+
+
+def _differentiable(name, setup_context, backward):
+    """Registers the autograd kernel of ``tessera::name`` with an ``autograd.Function``
+    that runs the op below autograd (``setup_context`` saves what ``backward`` needs)."""
+    op = getattr(torch.ops.tessera, name).default
+
+    def forward(*args):
+        with _below_autograd():
+            return op(*args)
+
+    function = type(f"{name}_function", (torch.autograd.Function,), {
+        "forward": staticmethod(forward),
+        "setup_context": staticmethod(setup_context),
+        "backward": staticmethod(backward),
+    })
+    _autograd_kernel(name, function)
+
+
+def _autograd_kernel(name, function):
+    """Registers the autograd kernel of ``tessera::name``: ``function.apply`` when a
+    tensor argument requires grad and grad mode is on, else a direct call of the kernel
+    below autograd. Errors of the native kernel become their Python exceptions here."""
+    op = getattr(torch.ops.tessera, name).default
+    # The dispatcher leaves trailing defaulted arguments out; the function gets them all.
+    defaults = tuple(a.default_value for a in op._schema.arguments)
+
+    def kernel(*args):
+        try:
+            if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+                return function.apply(*args, *defaults[len(args):])
+            with _below_autograd():
+                return op(*args)
+        except RuntimeError as e:
+            raise _python_error(e) from None
+
+    _lib.impl(name, kernel, "Autograd")
 
 
 def _rotate_half(x):
@@ -256,18 +260,18 @@ def _rotate_half(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
+# The PyTorch math of the row-wise ops: their backward differentiates it (in f32) on the
+# saved inputs. The number is how many leading arguments are tensors.
 _REFERENCES = {
-    softmax: (1, lambda x: torch.softmax(x, -1)),
-    rms_norm: (2, lambda x, w, eps=1e-5: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w),
-    layer_norm: (3, lambda x, w, b, eps=1e-5: torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b, eps)),
-    swiglu: (2, lambda a, b: torch.nn.functional.silu(a) * b),
-    rope: (3, lambda x, cos, sin: x * cos + _rotate_half(x) * sin),
+    "softmax": (1, lambda x: torch.softmax(x, -1)),
+    "rms_norm": (2, lambda x, w, eps=1e-5: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w),
+    "layer_norm": (3, lambda x, w, b, eps=1e-5: torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b, eps)),
+    "swiglu": (2, lambda a, b: torch.nn.functional.silu(a) * b),
+    "rope": (3, lambda x, cos, sin: x * cos + _rotate_half(x) * sin),
 }
 
 
-def _register_reference_autograd(op, n_tensors, reference):
-    """Backward of `op` by differentiating its plain PyTorch math (f32) on the saved inputs."""
-
+def _reference_autograd(name, n_tensors, reference):
     def setup(ctx, inputs, output):
         ctx.save_for_backward(*inputs[:n_tensors])
         ctx.rest = inputs[n_tensors:]
@@ -280,14 +284,14 @@ def _register_reference_autograd(op, n_tensors, reference):
             grads = torch.autograd.grad(out, leaves, grad.float())
         return (*[g.to(t.dtype) for g, t in zip(grads, saved)], *([None] * len(ctx.rest)))
 
-    op.register_autograd(backward, setup_context=setup)
+    _differentiable(name, setup, backward)
 
 
-for _op, (_n, _reference) in _REFERENCES.items():
-    _register_reference_autograd(_op, _n, _reference)
+for _name, (_n, _reference) in _REFERENCES.items():
+    _reference_autograd(_name, _n, _reference)
 
 
-def _matmul_setup(ctx, inputs, output):
+def _save_inputs(ctx, inputs, output):
     ctx.save_for_backward(*inputs)
 
 
@@ -297,125 +301,60 @@ def _matmul_backward(ctx, grad):
     return torch.ops.tessera.matmul(grad, y.t()), torch.ops.tessera.matmul(x.t(), grad)
 
 
-matmul.register_autograd(_matmul_backward, setup_context=_matmul_setup)
+_differentiable("matmul", _save_inputs, _matmul_backward)
 
 
-# ---- attention -----------------------------------------------------------------------
+def _attention_backward(ctx, grad_out, *grad_lse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.tessera.flash_attention_bwd(q, k, v, grad_out, ctx.is_causal, ctx.scale, out, lse)
+    return dq, dk, dv, None, None
 
 
-def _attention_params(q, k, v, is_causal, scale):
-    dt = _check(q, "query", rank=4)
-    _check(k, "key", rank=4, dtype=q.dtype)
-    _check(v, "value", rank=4, dtype=q.dtype)
-    if q.dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"query: flash_attention takes float32 or bfloat16, got {q.dtype}")
-    b, h, sq, d = q.shape
-    if k.shape[0] != b or k.shape[3] != d or k.shape != v.shape:
-        raise ValueError(f"key/value: shapes {tuple(k.shape)}/{tuple(v.shape)} do not match query {tuple(q.shape)}")
-    hkv, sk = k.shape[1], k.shape[2]
-    if hkv == 0 or h % hkv:
-        raise ValueError(f"key: {hkv} heads do not divide the query's {h} heads")
-    if d == 0:
-        raise ValueError("query: head_dim must be at least 1")
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    if not math.isfinite(scale):
-        raise ValueError(f"scale: expected a finite number, got {scale}")
-    return {
-        "batch": b, "heads": h, "kv_heads": hkv, "q_len": sq, "kv_len": sk, "head_dim": d,
-        "causal": "true" if is_causal else "false", "scale": repr(scale), "dtype": dt,
-    }
-
-
-@torch.library.custom_op("tessera::flash_attention_fwd", mutates_args=())
-def flash_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention output and its log-sum-exp ``[batch, heads, q_len, 1]`` (f32)."""
-    params = _attention_params(q, k, v, is_causal, scale)
-    if q.numel() == 0 or k.numel() == 0:
-        # No keys: the output is zero and the log-sum-exp -inf (as PyTorch's SDPA).
-        return (torch.zeros(q.shape, dtype=q.dtype),
-                torch.full((*q.shape[:3], 1), -math.inf, dtype=torch.float32))
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    out = torch.empty_like(q)
-    lse = torch.empty((*q.shape[:3], 1), dtype=torch.float32)
-    _run("flash_attention", params, [(q, list(q.shape)), (k, list(k.shape)), (v, list(v.shape))],
-         [(out, list(out.shape)), (lse, list(lse.shape))])
-    return out, lse
-
-
-@flash_attention_fwd.register_fake
-def _(q, k, v, is_causal, scale):
-    _same_device(query=q, key=k, value=v)
-    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((*q.shape[:3], 1), dtype=torch.float32)
-
-
-@torch.library.custom_op("tessera::flash_attention_bwd", mutates_args=())
-def flash_attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, is_causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients ``(dq, dk, dv)`` of attention for an output gradient."""
-    params = _attention_params(q, k, v, is_causal, scale)
-    _check(grad_out, "grad_out", rank=4)
-    if grad_out.shape != q.shape:
-        raise ValueError(f"grad_out: shape {tuple(grad_out.shape)} differs from query's {tuple(q.shape)}")
-    if q.numel() == 0 or k.numel() == 0:
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    q, k, v, grad_out = q.contiguous(), k.contiguous(), v.contiguous(), grad_out.contiguous().to(q.dtype)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    _run("flash_attention_bwd", params,
-         [(q, list(q.shape)), (k, list(k.shape)), (v, list(v.shape)), (grad_out, list(q.shape))],
-         [(dq, list(q.shape)), (dk, list(k.shape)), (dv, list(v.shape))])
-    return dq, dk, dv
-
-
-@flash_attention_bwd.register_fake
-def _(q, k, v, grad_out, is_causal, scale):
-    _same_device(query=q, key=k, value=v, grad_out=grad_out)
-    return (torch.empty_like(q, memory_format=torch.contiguous_format), torch.empty_like(k, memory_format=torch.contiguous_format),
-            torch.empty_like(v, memory_format=torch.contiguous_format))
-
-
-def _fwd_setup(ctx, inputs, output):
+def _attention_fwd_setup(ctx, inputs, output):
     q, k, v, is_causal, scale = inputs
-    ctx.save_for_backward(q, k, v)
+    ctx.save_for_backward(q, k, v, *output)
     ctx.is_causal, ctx.scale = is_causal, scale
+    ctx.mark_non_differentiable(output[1])
 
 
-def _fwd_backward(ctx, grad_out, grad_lse):
-    q, k, v = ctx.saved_tensors
-    dq, dk, dv = torch.ops.tessera.flash_attention_bwd(q, k, v, grad_out, ctx.is_causal, ctx.scale)
-    return dq, dk, dv, None, None
+_differentiable("flash_attention_fwd", _attention_fwd_setup, _attention_backward)
 
 
-flash_attention_fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup)
+class _Attention(torch.autograd.Function):
+    """``flash_attention`` with gradients: the forward keeps its log-sum-exp for the
+    backward (which then does not run the forward again)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal, scale):
+        ctx.is_causal = is_causal
+        ctx.scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+        with _below_autograd():
+            out, lse = torch.ops.tessera.flash_attention_fwd.default(q, k, v, is_causal, ctx.scale)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    backward = staticmethod(_attention_backward)
 
 
-@torch.library.custom_op("tessera::flash_attention", mutates_args=())
-def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False, scale: Optional[float] = None) -> torch.Tensor:
-    """``scaled_dot_product_attention(q, k, v, is_causal=..., scale=...)`` with GQA by head
-    count: ``q: [batch, heads, q_len, d]``, ``k, v: [batch, kv_heads, kv_len, d]``."""
-    _attention_params(q, k, v, is_causal, scale)
-    d = q.shape[-1]
-    return torch.ops.tessera.flash_attention_fwd(q, k, v, is_causal, 1.0 / math.sqrt(d) if scale is None else scale)[0]
+_autograd_kernel("flash_attention", _Attention)
 
 
-@flash_attention.register_fake
-def _(q, k, v, is_causal=False, scale=None):
-    _same_device(query=q, key=k, value=v)
-    return _empty(q)
+def _not_differentiable(name):
+    """The autograd kernel of an op without gradients: runs it below autograd (so errors
+    become their Python exceptions here too)."""
+    op = getattr(torch.ops.tessera, name).default
+
+    def kernel(*args):
+        try:
+            with _below_autograd():
+                return op(*args)
+        except RuntimeError as e:
+            raise _python_error(e) from None
+
+    _lib.impl(name, kernel, "Autograd")
 
 
-def _attn_setup(ctx, inputs, output):
-    q, k, v, is_causal, scale = inputs
-    ctx.save_for_backward(q, k, v)
-    ctx.is_causal = is_causal
-    ctx.scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-
-
-def _attn_backward(ctx, grad_out):
-    q, k, v = ctx.saved_tensors
-    dq, dk, dv = torch.ops.tessera.flash_attention_bwd(q, k, v, grad_out, ctx.is_causal, ctx.scale)
-    return dq, dk, dv, None, None
-
-
-flash_attention.register_autograd(_attn_backward, setup_context=_attn_setup)
+_not_differentiable("flash_attention_bwd")
 
 
 # ---- scaled_dot_product_attention override ---------------------------------------

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import tessera  # noqa: F401  (registers the ops)
 
@@ -122,6 +123,28 @@ def test_bad_arguments_raise_value_errors_naming_the_argument():
         ops.flash_attention(torch.randn(1, 4, 8, 16), torch.randn(1, 3, 8, 16), torch.randn(1, 3, 8, 16))
 
 
+def test_errors_below_autograd_keep_the_python_exception_in_their_message():
+    # Under inference mode the native kernel is called directly: PyTorch turns its C++
+    # exception into a RuntimeError, whose message starts with the exception it stands for.
+    with torch.inference_mode():
+        with pytest.raises(RuntimeError, match="^ValueError: x: dtype torch.float64 is not supported"):
+            ops.softmax(torch.randn(3, 3, dtype=torch.float64))
+
+
+def test_attention_backward_takes_the_forwards_saved_results():
+    q, k, v = torch.randn(1, 4, 9, 16), torch.randn(1, 2, 13, 16), torch.randn(1, 2, 13, 16)
+    do = torch.randn_like(q)
+    out, lse = ops.flash_attention_fwd(q, k, v, True, 0.25)
+    recomputed = ops.flash_attention_bwd(q, k, v, do, True, 0.25)
+    saved = ops.flash_attention_bwd(q, k, v, do, True, 0.25, out, lse)
+    for a, b in zip(recomputed, saved):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="out/lse: pass both"):
+        ops.flash_attention_bwd(q, k, v, do, True, 0.25, out)
+    with pytest.raises(ValueError, match=r"out/lse: expected the forward's \(1, 4, 9, 16\) output"):
+        ops.flash_attention_bwd(q, k, v, do, True, 0.25, out, lse[..., :8, :])
+
+
 def test_non_contiguous_inputs_are_made_contiguous():
     x = torch.randn(8, 6).t()
     close(ops.softmax(x), torch.softmax(x, -1), torch.float32)
@@ -190,25 +213,29 @@ def test_gradients_match_autograd(name):
         torch.testing.assert_close(a, b_, rtol=1e-4, atol=1e-4)
 
 
-def test_sdpa_override_routes_supported_calls_and_falls_back(monkeypatch):
+def test_sdpa_override_routes_supported_calls_and_falls_back():
     q, k, v = torch.randn(1, 4, 10, 16), torch.randn(1, 2, 10, 16), torch.randn(1, 2, 10, 16)
     want = sdpa(q, k, v, True)
     kernels_run = []
-    real_run = tessera._tessera.run
 
-    def recording_run(kernel, *args):
-        kernels_run.append(kernel)
-        return real_run(kernel, *args)
+    class Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace == "tessera":
+                kernels_run.append(func._opname)
+            return func(*args, **(kwargs or {}))
 
-    monkeypatch.setattr(tessera._tessera, "run", recording_run)
     original = F.scaled_dot_product_attention
     tessera.enable_sdpa_override()
     try:
-        close(F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True), want, torch.float32)
+        with Recorder():
+            got = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        close(got, want, torch.float32)
         assert kernels_run == ["flash_attention"]
         mask = torch.ones(10, 10, dtype=torch.bool).tril()
         kr, vr = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
-        close(F.scaled_dot_product_attention(q, kr, vr, attn_mask=mask), want, torch.float32)
+        with Recorder():
+            got = F.scaled_dot_product_attention(q, kr, vr, attn_mask=mask)
+        close(got, want, torch.float32)
         assert kernels_run == ["flash_attention"], "a masked call must fall back to PyTorch"
         assert tessera._sdpa_supported(q, k, v, None, 0.0, None, False) == "head counts differ without enable_gqa"
     finally:

@@ -259,6 +259,49 @@ fn descriptor(ptr: *mut c_void, shape: &[u64]) -> Vec<u64> {
     d
 }
 
+/// A kernel compiled for in-place runs ([`Native::prepare`]).
+pub struct Prepared {
+    kernel: Kernel,
+    compiled: Compiled,
+}
+
+impl Prepared {
+    /// Runs the kernel on caller-owned storage, as [`Native::run_in_place`].
+    ///
+    /// # Safety
+    /// As [`Native::run_in_place`].
+    pub unsafe fn run_in_place(
+        &self,
+        inputs: &[*const c_void],
+        outputs: &[*mut c_void],
+    ) -> Result<(), crate::Error> {
+        let kernel = &self.kernel;
+        if inputs.len() != kernel.input_types().len()
+            || outputs.len() != kernel.output_types().len()
+        {
+            return Err(crate::Error::Native(format!(
+                "@{} takes {} inputs and {} outputs, got {} and {} buffers",
+                kernel.name,
+                kernel.input_types().len(),
+                kernel.output_types().len(),
+                inputs.len(),
+                outputs.len()
+            )));
+        }
+        // The JIT'd code mallocs scratch and block buffers, which cannot fail cleanly.
+        kernel_ir::check_allocatable(kernel)?;
+        debug(|| {
+            format!(
+                "native @{}: running in place on the caller's buffers",
+                kernel.name
+            )
+        });
+        let (module, exe) = &*self.compiled;
+        // SAFETY: the caller vouches for the buffers; counts and dtypes are checked.
+        unsafe { execute_raw(kernel, module, exe, inputs, outputs) }
+    }
+}
+
 /// Argument words shared by the worker threads.
 struct Args(Vec<Vec<u64>>);
 // SAFETY: the words hold pointers into buffers that outlive the scoped threads; workers
@@ -295,6 +338,13 @@ impl Native {
         inputs: &[*const c_void],
         outputs: &[*mut c_void],
     ) -> Result<(), crate::Error> {
+        // SAFETY: the caller's guarantee, passed on.
+        unsafe { self.prepare(kernel)?.run_in_place(inputs, outputs) }
+    }
+
+    /// Compiles `kernel` (or finds it in the cache) for [`Prepared::run_in_place`], which
+    /// callers that run one kernel many times keep to skip the lookups.
+    pub fn prepare(&self, kernel: &Kernel) -> Result<Prepared, crate::Error> {
         let types: Vec<_> = kernel
             .input_types()
             .into_iter()
@@ -308,28 +358,10 @@ impl Native {
                 "in-place runs take f32, i32 and bool arrays, not {t}"
             )));
         }
-        if inputs.len() != kernel.input_types().len()
-            || outputs.len() != kernel.output_types().len()
-        {
-            return Err(crate::Error::Native(format!(
-                "@{} takes {} inputs and {} outputs, got {} and {} buffers",
-                kernel.name,
-                kernel.input_types().len(),
-                kernel.output_types().len(),
-                inputs.len(),
-                outputs.len()
-            )));
-        }
-        let compiled = self.compile(kernel)?;
-        kernel_ir::check_allocatable(kernel)?;
-        debug(|| {
-            format!(
-                "native @{}: running in place on the caller's buffers",
-                kernel.name
-            )
-        });
-        // SAFETY: the caller vouches for the buffers; counts and dtypes are checked above.
-        unsafe { execute_raw(kernel, &compiled.0, &compiled.1, inputs, outputs) }
+        Ok(Prepared {
+            compiled: self.compile(kernel)?,
+            kernel: kernel.clone(),
+        })
     }
 
     /// The kernel's module and its JIT-compiled code (from the cache when it has them).
@@ -403,6 +435,31 @@ fn data_ptr(d: &ArrayData) -> *const c_void {
     }
 }
 
+/// Kernels that move fewer bytes than this run on the calling thread: waking a pool
+/// thread costs more than it saves (measured: a softmax of 64x256 f32 takes ~5 µs of
+/// work and ~20 µs more when split). Kernels with dots split from [`SERIAL_DOT_BYTES`].
+const SERIAL_BYTES: u64 = 256 << 10;
+/// The threshold of [`SERIAL_BYTES`] for kernels that contain a dot (more work per byte).
+const SERIAL_DOT_BYTES: u64 = 16 << 10;
+
+/// How many threads run the grid: all of the pool's, at most one per parallel program,
+/// and one for kernels too small to split.
+fn workers(io: &[&kernel_ir::RefDecl], module: &CpuModule) -> usize {
+    let bytes: u64 = io
+        .iter()
+        .map(|r| r.ty.byte_size().unwrap_or(u64::MAX))
+        .sum();
+    let threshold = if module.has_dot {
+        SERIAL_DOT_BYTES
+    } else {
+        SERIAL_BYTES
+    };
+    if bytes < threshold {
+        return 1;
+    }
+    rayon::current_num_threads().min(module.parallel_programs.max(1) as usize)
+}
+
 /// Runs the programs on all cores on caller storage (row-major, f32/i32/byte elements of
 /// the kernel's I/O types), through padded copies where an array is not a whole number
 /// of blocks. A dynamic index that left its block is reported as an error (the access
@@ -457,7 +514,7 @@ unsafe fn execute_raw(
         ptrs.push(words.as_mut_ptr() as *mut c_void);
         copies.push(words);
     }
-    let workers = rayon::current_num_threads().min(module.parallel_programs.max(1) as usize);
+    let workers = workers(&io, module);
     let mut fault = [0u32; 1];
     let mut descriptors: Vec<Vec<u64>> = ptrs
         .iter()
@@ -481,12 +538,18 @@ unsafe fn execute_raw(
         // are that large.
         unsafe { (exe.entry)(ptrs.as_mut_ptr()) };
     };
-    rayon::scope(|s| {
-        for w in 1..workers {
-            s.spawn(move |_| run(w));
-        }
+    if workers == 1 {
         run(0);
-    });
+    } else {
+        // The calling thread takes worker 0's share (a plain `scope` would hand all of it
+        // to the pool and sleep until the pool is done).
+        rayon::in_place_scope(|s| {
+            for w in 1..workers {
+                s.spawn(move |_| run(w));
+            }
+            run(0);
+        });
+    }
     for (i, user, small, big, small_len, big_len) in unpad {
         let src = unsafe { std::slice::from_raw_parts(copies[i].as_ptr() as *const u8, big_len) };
         let dst = unsafe { std::slice::from_raw_parts_mut(user as *mut u8, small_len) };

@@ -77,21 +77,22 @@ fn loops_that_swap_carried_tensors_match_the_interpreter() {
 
 #[test]
 fn parallel_programs_write_their_own_blocks() {
-    // 37 programs on however many cores: each writes its row block plus its program id.
-    let ty = TensorType::new(DType::F32, [37 * 8, 16]);
+    // 37 programs on however many cores (the arrays are large enough to be split: small
+    // kernels run on the calling thread): each writes its row block plus its program id.
+    let ty = TensorType::new(DType::F32, [37 * 8, 256]);
     let k = pallas_call(|x: Ref, o: Ref| {
         let p = program_id(0).cast(DType::F32);
-        o.write(x.read() + p.broadcast_to([8, 16]));
+        o.write(x.read() + p.broadcast_to([8, 256]));
     })
     .grid([37])
     .input(
         ty.clone(),
-        block_spec([8, 16], |i| vec![i[0].clone(), 0.into()]),
+        block_spec([8, 256], |i| vec![i[0].clone(), 0.into()]),
     )
-    .output(ty, block_spec([8, 16], |i| vec![i[0].clone(), 0.into()]))
+    .output(ty, block_spec([8, 256], |i| vec![i[0].clone(), 0.into()]))
     .build()
     .unwrap();
-    let x = f32_array([37 * 8, 16], (0..37 * 8 * 16).map(|i| i as f32).collect());
+    let x = f32_array([37 * 8, 256], (0..37 * 8 * 256).map(|i| i as f32).collect());
     let want = interpret(&k, std::slice::from_ref(&x), &InterpretOptions::default()).unwrap();
     let (got, _) = runtime::run(&k, &[x], Backend::Native).unwrap();
     assert_eq!(got, want);

@@ -409,7 +409,7 @@ impl Op for FlashAttention {
 }
 
 /// FlashAttention backward: `(q, k, v, do) -> (dq, dk, dv)`; runs the forward for `o`
-/// and `lse`, then the delta, dq and dk/dv kernels.
+/// and `lse` (unless the caller passes them), then the delta, dq and dk/dv kernels.
 pub struct FlashAttentionBwd;
 
 impl Op for FlashAttentionBwd {
@@ -438,15 +438,26 @@ impl Op for FlashAttentionBwd {
         Ok(v)
     }
 
+    /// Takes `(q, k, v, do)` and runs the forward for `o` and `lse`, or `(q, k, v, do, o,
+    /// lse)` with the forward's results saved by the caller (autograd does).
     fn run(c: &Self::Config, inputs: &[Array], exec: &mut Exec) -> Result<Vec<Array>, BoxError> {
-        let [q, k, v, d_o] = inputs else {
-            return Err(format!(
-                "flash_attention_bwd takes (q, k, v, do), got {} inputs",
+        let (q, k, v, d_o, fwd) = match inputs {
+            [q, k, v, d_o] => (
+                q,
+                k,
+                v,
+                d_o,
+                exec(&c.forward()?, &[q.clone(), k.clone(), v.clone()])?,
+            ),
+            [q, k, v, d_o, o, lse] => (q, k, v, d_o, vec![o.clone(), lse.clone()]),
+            _ => {
+                return Err(format!(
+                "flash_attention_bwd takes (q, k, v, do) or (q, k, v, do, o, lse), got {} inputs",
                 inputs.len()
             )
-            .into());
+                .into())
+            }
         };
-        let fwd = exec(&c.forward()?, &[q.clone(), k.clone(), v.clone()])?;
         let (o, lse) = (&fwd[0], &fwd[1]);
         let delta = exec(&c.backward_delta()?, &[o.clone(), d_o.clone()])?.remove(0);
         let grads_in = [

@@ -62,6 +62,9 @@ pub struct CpuModule {
     pub padded_shapes: Vec<Vec<u64>>,
     /// Number of programs of the leading parallel grid axes (the `lo..hi` range).
     pub parallel_programs: u64,
+    /// Whether the body contains a dot (more work per byte moved: worth splitting
+    /// across threads sooner).
+    pub has_dot: bool,
     /// The last argument, `%fault: memref<1xi32>`, ends up holding `i + 1` when a
     /// dynamic index of access `fault_sites[i]` fell outside its block (the access then
     /// read or wrote the block's start instead); 0 when none did.
@@ -117,6 +120,13 @@ pub fn lower(kernel: &Kernel) -> CpuModule {
             .map(|(p, _)| p.clone())
             .collect(),
         parallel_programs: parallel_prefix(kernel).iter().product(),
+        has_dot: {
+            let mut dot = false;
+            kernel
+                .body
+                .walk(&mut |op| dot |= matches!(op.kind, OpKind::Dot { .. }));
+            dot
+        },
         fault_sites: std::mem::take(&mut e.fault_sites),
     }
 }
