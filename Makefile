@@ -8,9 +8,10 @@ PIP := $(VENV)/bin/pip
 BIN := target/release/tessera
 
 # Debian packages: libclang for bindgen (PJRT bindings from the plugin's header); LLVM
-# and MLIR 22 for the native backend (melior links them statically).
+# and MLIR 22 for the native backend (melior links them statically); g++ for the Python
+# extension's exception helper (and torch.compile's Inductor).
 APT_PACKAGES := libclang-14-dev llvm-22-dev libmlir-22-dev mlir-22-tools libclang-22-dev \
-	libzstd-dev libpolly-22-dev
+	libzstd-dev libpolly-22-dev g++
 # The XLA CPU PJRT plugin; its wheel also ships the pjrt_c_api.h the bindings come from.
 PJRT_PLUGIN := xla-cpu-pjrt==0.0.1
 PJRT_STAMP := $(VENV)/.pjrt-$(PJRT_PLUGIN)
