@@ -35,8 +35,10 @@ impl<'k> Emitter<'k> {
         }
         let (m, k, n) = (ashape[0], ashape[1], bshape[1]);
         let a = match a {
-            // The micro-kernel reads single elements of A: a view of dense rows will do.
-            Val::View(view) if dense_rows(&view, k) => view,
+            // The micro-kernel reads single elements of A: a view of dense rows will do,
+            // and so will a transposed view of dense rows (its tile's rows for one k are
+            // then adjacent in the buffer).
+            Val::View(view) if dense_rows(&view, k) || dense_transposed(&view, m) => view,
             other => self.pack(&other, &TensorType::new(lt.dtype, ashape)),
         };
         let b = self.dot_rhs(b, &TensorType::new(rt.dtype, bshape));
@@ -301,6 +303,12 @@ type TransposeStage = (&'static [(usize, usize)], [u64; 8], [u64; 8]);
 /// copied instead (rows a page apart thrash the L1 sets and the TLB).
 fn dense_rows(v: &View, cols: u64) -> bool {
     v.dims.last() == Some(&Some(1)) && v.shape.last() == Some(&cols)
+}
+
+/// Whether a 2-D view reads a buffer of `rows`-element rows transposed (its value is
+/// `[rows, ...]`, each buffer row one column of it).
+fn dense_transposed(v: &View, rows: u64) -> bool {
+    transposed_2d(v) && v.shape.last() == Some(&rows)
 }
 
 /// Whether a 2-D value reads its buffer transposed: the buffer's last dim is the value's
