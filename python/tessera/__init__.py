@@ -235,17 +235,19 @@ def _differentiable(name, setup_context, backward):
     _autograd_kernel(name, function)
 
 
-def _autograd_kernel(name, function):
+def _autograd_kernel(name, function=None):
     """Registers the autograd kernel of ``tessera::name``: ``function.apply`` when a
-    tensor argument requires grad and grad mode is on, else a direct call of the kernel
-    below autograd. Errors of the native kernel become their Python exceptions here."""
+    tensor argument requires grad and grad mode is on, else (and always for an op without
+    gradients, ``function=None``) a direct call of the kernel below autograd. Errors of
+    the native kernel become their Python exceptions here."""
     op = getattr(torch.ops.tessera, name).default
     # The dispatcher leaves trailing defaulted arguments out; the function gets them all.
     defaults = tuple(a.default_value for a in op._schema.arguments)
 
     def kernel(*args):
         try:
-            if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            if (function is not None and torch.is_grad_enabled()
+                    and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)):
                 return function.apply(*args, *defaults[len(args):])
             with _below_autograd():
                 return op(*args)
@@ -339,22 +341,7 @@ class _Attention(torch.autograd.Function):
 _autograd_kernel("flash_attention", _Attention)
 
 
-def _not_differentiable(name):
-    """The autograd kernel of an op without gradients: runs it below autograd (so errors
-    become their Python exceptions here too)."""
-    op = getattr(torch.ops.tessera, name).default
-
-    def kernel(*args):
-        try:
-            with _below_autograd():
-                return op(*args)
-        except RuntimeError as e:
-            raise _python_error(e) from None
-
-    _lib.impl(name, kernel, "Autograd")
-
-
-_not_differentiable("flash_attention_bwd")
+_autograd_kernel("flash_attention_bwd")  # no gradients of gradients
 
 
 # ---- scaled_dot_product_attention override ---------------------------------------
