@@ -204,7 +204,8 @@ fn bad(message: String) -> OpError {
     OpError::Bad(message)
 }
 
-/// A checked tensor argument: the tensor, its shape and its Tessera dtype name.
+/// A checked tensor argument: the tensor, its shape, its dtype code and its name (for
+/// messages).
 struct Arg {
     tensor: Tensor,
     shape: Vec<u64>,

@@ -1,6 +1,8 @@
 """torch.ops.tessera.* against PyTorch, torch.library.opcheck, autograd, errors."""
 
 import math
+import os
+import re
 
 import pytest
 import torch
@@ -175,6 +177,18 @@ def test_native_f32_ops_use_the_tensors_storage_in_place(capfd, monkeypatch):
     assert "native @flash_attention_fwd: running in place" in err, err
     ops.softmax(x.to(torch.bfloat16))  # bf16 storage is not f32: copied, not in place
     assert "running in place" not in capfd.readouterr().err
+
+
+def test_small_kernels_run_on_the_calling_thread(capfd, monkeypatch):
+    # Waking a pool thread costs more than a small kernel: under 256 KiB moved, the
+    # caller runs the whole grid; larger ones are split across the cores.
+    monkeypatch.setenv("TESSERA_LOG", "debug")
+    ops.softmax(torch.randn(64, 256))
+    assert "native @softmax: on the calling thread" in capfd.readouterr().err
+    ops.softmax(torch.randn(1024, 512))
+    err = capfd.readouterr().err
+    if len(os.sched_getaffinity(0)) > 1:
+        assert re.search(r"native @softmax: on \d+ threads", err), err
 
 
 def test_torch_compile_fullgraph():

@@ -515,6 +515,14 @@ unsafe fn execute_raw(
         copies.push(words);
     }
     let workers = workers(&io, module);
+    debug(|| {
+        let how = if workers == 1 {
+            "on the calling thread".to_string()
+        } else {
+            format!("on {workers} threads")
+        };
+        format!("native @{}: {how}", kernel.name)
+    });
     let mut fault = [0u32; 1];
     let mut descriptors: Vec<Vec<u64>> = ptrs
         .iter()
