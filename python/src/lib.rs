@@ -145,14 +145,9 @@ fn prepared(
     }
     let (op, params) = library_op(kernel, params).map_err(OpError::Bad)?;
     let built = op.build(&params).ok();
-    let narrow = |t: &TensorType| matches!(t.dtype, DType::BF16 | DType::F16);
     let native = match built.as_deref() {
         Some([single])
-            if !single
-                .input_types()
-                .iter()
-                .chain(&single.output_types())
-                .any(narrow)
+            if in_place_types(single)
                 && runtime::resolve(requested, single)
                     .is_ok_and(|r| r.backend == Backend::Native) =>
         {
@@ -173,6 +168,37 @@ fn prepared(
     }
     memo.insert(key, prepared.clone());
     Ok(prepared)
+}
+
+/// Whether a kernel's inputs and outputs can be the callers' storage on the native
+/// backend: f32, i32 and bool elements (bf16/f16 arrays hold f32 there).
+fn in_place_types(kernel: &kernel_ir::Kernel) -> bool {
+    let narrow = |t: &TensorType| matches!(t.dtype, DType::BF16 | DType::F16);
+    !kernel
+        .input_types()
+        .iter()
+        .chain(&kernel.output_types())
+        .any(narrow)
+}
+
+/// Runs `run` on the buffers' addresses with panics caught: the native in-place path.
+/// `context` names the call in errors. Returns the backend that ran (native).
+fn in_place(
+    context: &dyn Fn() -> String,
+    inputs: &[Buffer],
+    outputs: &[Buffer],
+    run: impl FnOnce(&[*const std::ffi::c_void], &[*mut std::ffi::c_void]) -> Result<(), runtime::Error>,
+) -> Result<String, OpError> {
+    let ins: Vec<*const std::ffi::c_void> = inputs.iter().map(|b| b.0 as *const _).collect();
+    let outs: Vec<*mut std::ffi::c_void> = outputs.iter().map(|b| b.0 as *mut _).collect();
+    match catch_unwind(AssertUnwindSafe(|| run(&ins, &outs))) {
+        Ok(Ok(())) => Ok(Backend::Native.name().to_string()),
+        Ok(Err(e)) => Err(OpError::from_run(context(), &e)),
+        Err(_) => Err(OpError::Failed(format!(
+            "{}: internal error (panic)",
+            context()
+        ))),
+    }
 }
 
 /// Whether the buffers have exactly these types.
@@ -240,31 +266,23 @@ impl<'a> HostCall<'a> {
     /// tensors' storage and writes the outputs' directly. `None` when it does not apply
     /// (then the caller copies through arrays).
     fn in_place(&self, kernel: &kernel_ir::Kernel) -> Option<Result<String, OpError>> {
-        let narrow = |t: &TensorType| matches!(t.dtype, DType::BF16 | DType::F16);
         if kernel.input_types() != self.in_types
             || kernel.output_types() != self.out_types
-            || self.in_types.iter().chain(&self.out_types).any(narrow)
+            || !in_place_types(kernel)
             || runtime::resolve(self.requested, kernel).ok()?.backend != Backend::Native
         {
             return None;
         }
-        let ins: Vec<usize> = self.inputs.iter().map(|b| b.0).collect();
-        let outs: Vec<usize> = self.outputs.iter().map(|b| b.0).collect();
-        let result = catch_unwind(AssertUnwindSafe(|| {
-            let ins: Vec<*const std::ffi::c_void> = ins.iter().map(|&a| a as *const _).collect();
-            let outs: Vec<*mut std::ffi::c_void> = outs.iter().map(|&a| a as *mut _).collect();
-            // SAFETY: the callers pass the data pointers of contiguous buffers of exactly
-            // these types (checked above), and fresh output buffers.
-            unsafe { runtime::native::backend().run_in_place(kernel, &ins, &outs) }
-        }));
-        let context = &self.context;
-        Some(match result {
-            Ok(Ok(())) => Ok(Backend::Native.name().to_string()),
-            Ok(Err(e)) => Err(OpError::from_run(context, &e)),
-            Err(_) => Err(OpError::Failed(format!(
-                "{context}: internal error (panic)"
-            ))),
-        })
+        Some(in_place(
+            &|| self.context.clone(),
+            self.inputs,
+            self.outputs,
+            |ins, outs| {
+                // SAFETY: the callers pass the data pointers of contiguous buffers of exactly
+                // these types (checked above), and fresh output buffers.
+                unsafe { runtime::native::backend().run_in_place(kernel, ins, outs) }
+            },
+        ))
     }
 
     /// Copies the inputs into arrays, runs `f` on them with panics caught, checks and
@@ -381,21 +399,11 @@ fn run_op(
         if buffers_match(inputs, &single.input_types())
             && buffers_match(outputs, &single.output_types())
         {
-            let ins: Vec<*const std::ffi::c_void> =
-                inputs.iter().map(|b| b.0 as *const _).collect();
-            let outs: Vec<*mut std::ffi::c_void> = outputs.iter().map(|b| b.0 as *mut _).collect();
-            // SAFETY: the callers pass the data pointers of contiguous buffers of exactly
-            // these types (checked above), and fresh output buffers.
-            let result = catch_unwind(AssertUnwindSafe(|| unsafe {
-                native.run_in_place(&ins, &outs)
-            }));
-            return match result {
-                Ok(Ok(())) => Ok(Backend::Native.name().to_string()),
-                Ok(Err(e)) => Err(OpError::from_run(format!("{kernel} {p}"), &e)),
-                Err(_) => Err(OpError::Failed(format!(
-                    "{kernel} {p}: internal error (panic)"
-                ))),
-            };
+            return in_place(&|| format!("{kernel} {p}"), inputs, outputs, |ins, outs| {
+                // SAFETY: the callers pass the data pointers of contiguous buffers of
+                // exactly these types (checked above), and fresh output buffers.
+                unsafe { native.run_in_place(ins, outs) }
+            });
         }
     }
     let call = HostCall::new(format!("{kernel} {p}"), requested, inputs, outputs)?;
