@@ -435,9 +435,10 @@ fn data_ptr(d: &ArrayData) -> *const c_void {
     }
 }
 
-/// Kernels that move fewer bytes than this run on the calling thread: waking a pool
-/// thread costs more than it saves (measured: a softmax of 64x256 f32 takes ~5 µs of
-/// work and ~20 µs more when split). Kernels with dots split from [`SERIAL_DOT_BYTES`].
+/// Kernels that move fewer bytes than this run on the calling thread: handing work to a
+/// pool thread costs more than it saves (measured on 2 cores: a softmax of 64x256 f32,
+/// ~10 µs of work, took ~50 µs more per call when split). Kernels with dots split from
+/// [`SERIAL_DOT_BYTES`].
 const SERIAL_BYTES: u64 = 256 << 10;
 /// The threshold of [`SERIAL_BYTES`] for kernels that contain a dot (more work per byte).
 const SERIAL_DOT_BYTES: u64 = 16 << 10;
