@@ -306,17 +306,18 @@ pub fn demo() -> Result<(), Failure> {
     Ok(())
 }
 
-pub fn bench(
-    name: &str,
-    backend: Option<&str>,
-    overrides: &[String],
-    vs: Option<&str>,
-    runs: usize,
-    json: bool,
-) -> Result<(), Failure> {
-    let k = library_kernel(name)?;
-    let p = params(k, overrides)?;
-    let requested = requested_backend(backend)?;
+/// One timed configuration: Tessera's median, the baseline's, and the work done.
+struct Timing {
+    params: Params,
+    used: String,
+    ms: f64,
+    baseline_ms: Option<f64>,
+    flops: f64,
+    bytes: f64,
+}
+
+/// Checks the flags shared by `bench` and `bench --sweep`.
+fn bench_flags(vs: Option<&str>, runs: usize) -> Result<(), Failure> {
     match vs {
         None | Some("xla") | Some("torch") => {}
         Some(other) => {
@@ -328,6 +329,19 @@ pub fn bench(
     if runs == 0 {
         return Err(usage("--runs must be at least 1"));
     }
+    Ok(())
+}
+
+/// Times library kernel `k` with `overrides` (and the baseline `vs`) over `runs` runs.
+fn time_kernel(
+    k: &'static dyn LibraryKernel,
+    overrides: &[String],
+    requested: Backend,
+    vs: Option<&str>,
+    runs: usize,
+) -> Result<Timing, Failure> {
+    let name = k.name();
+    let p = params(k, overrides)?;
     for kernel in build(k, &p)? {
         runtime::resolve(requested, &kernel).map_err(|e| usage(e.to_string()))?;
     }
@@ -365,12 +379,50 @@ pub fn bench(
         .chain(&outputs)
         .map(|a| a.ty().num_elements() as usize * a.dtype().size_bytes())
         .sum();
-    let gflops = k.flops(&p) / (ms * 1e-3) / 1e9;
-    let gbs = bytes as f64 / (ms * 1e-3) / 1e9;
+    Ok(Timing {
+        flops: k.flops(&p),
+        params: p,
+        used: used.to_string(),
+        ms,
+        baseline_ms,
+        bytes: bytes as f64,
+    })
+}
+
+impl Timing {
+    fn gflops(&self) -> f64 {
+        self.flops / (self.ms * 1e-3) / 1e9
+    }
+
+    fn gbs(&self) -> f64 {
+        self.bytes / (self.ms * 1e-3) / 1e9
+    }
+
+    /// The roofline: the least time the work allows at the measured FMA peak and copy
+    /// bandwidth, in ms.
+    fn roofline_ms(&self, peak_gflops: f64, bandwidth_gbs: f64) -> f64 {
+        (self.flops / (peak_gflops * 1e9)).max(self.bytes / (bandwidth_gbs * 1e9)) * 1e3
+    }
+}
+
+pub fn bench(
+    name: &str,
+    backend: Option<&str>,
+    overrides: &[String],
+    vs: Option<&str>,
+    runs: usize,
+    json: bool,
+) -> Result<(), Failure> {
+    let k = library_kernel(name)?;
+    let requested = requested_backend(backend)?;
+    bench_flags(vs, runs)?;
+    let t = time_kernel(k, overrides, requested, vs, runs)?;
+    let (p, used, ms) = (&t.params, &t.used, t.ms);
+    let (gflops, gbs) = (t.gflops(), t.gbs());
     let peak = runtime::peak::fma_peak_gflops();
     let bandwidth = runtime::peak::memory_bandwidth_gbs();
     if json {
-        let baseline = match baseline_ms {
+        let baseline = match t.baseline_ms {
             Some(b) => format!(
                 "{{\"name\":\"{}\",\"median_ms\":{b:.4},\"ratio\":{:.3}}}",
                 vs.unwrap_or("xla"),
@@ -394,13 +446,105 @@ pub fn bench(
             100.0 * gflops / peak,
             100.0 * gbs / bandwidth
         );
-        if let Some(b) = baseline_ms {
+        if let Some(b) = t.baseline_ms {
             let base = vs.unwrap_or("xla");
             println!(
                 "{base} baseline median {b:.3} ms  ratio tessera/{base} {:.2}",
                 ms / b
             );
         }
+    }
+    Ok(())
+}
+
+/// `NAME=v1,v2,...`: the swept parameter and its values (at least two numbers, which
+/// the plot's axis needs), as written and as numbers.
+fn parse_sweep(sweep: &str) -> Result<(String, Vec<(String, f64)>), Failure> {
+    let (name, values) = sweep
+        .split_once('=')
+        .ok_or_else(|| usage(format!("--sweep `{sweep}`: expected NAME=v1,v2,...")))?;
+    let name = name.trim().to_string();
+    let values = values
+        .split(',')
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .map(|v| match v.parse::<f64>() {
+            Ok(x) => Ok((v.to_string(), x)),
+            Err(_) => Err(usage(format!(
+                "--sweep: `{v}` is not a number (`{name}` is plotted against it)"
+            ))),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if values.len() < 2 {
+        return Err(usage(format!(
+            "--sweep `{sweep}`: give at least two values of `{name}`"
+        )));
+    }
+    Ok((name, values))
+}
+
+/// `tessera bench KERNEL --sweep NAME=v1,v2,...`: one timing per value, printed as a
+/// table and, with `plot`, drawn against the value with the baseline and the roofline.
+pub fn bench_sweep(
+    name: &str,
+    backend: Option<&str>,
+    overrides: &[String],
+    sweep: &str,
+    vs: Option<&str>,
+    runs: usize,
+    plot: Option<&Path>,
+) -> Result<(), Failure> {
+    let k = library_kernel(name)?;
+    let requested = requested_backend(backend)?;
+    bench_flags(vs, runs)?;
+    let (param, values) = parse_sweep(sweep)?;
+    // A parameter the kernel does not take fails here, before anything is printed.
+    params(
+        k,
+        &[overrides, &[format!("{param}={}", values[0].0)]].concat(),
+    )?;
+    let peak = runtime::peak::fma_peak_gflops();
+    let bandwidth = runtime::peak::memory_bandwidth_gbs();
+    let base = vs.unwrap_or("-");
+    println!(
+        "{name}: {param} swept; FMA peak {peak:.0} GFLOP/s, copy bandwidth {bandwidth:.1} GB/s"
+    );
+    println!(
+        "{param:>10} {:>11} {:>9} {:>8} {:>12} {:>6} {:>12}",
+        "tessera ms",
+        "GFLOP/s",
+        "GB/s",
+        format!("{base} ms"),
+        "ratio",
+        "roofline ms"
+    );
+    let mut points = Vec::new();
+    for (value, x) in values {
+        let mut o = overrides.to_vec();
+        o.push(format!("{param}={value}"));
+        let t = time_kernel(k, &o, requested, vs, runs)?;
+        let roof = t.roofline_ms(peak, bandwidth);
+        let (b, ratio) = t.baseline_ms.map_or(("-".into(), "-".into()), |b| {
+            (format!("{b:.3}"), format!("{:.2}", t.ms / b))
+        });
+        println!(
+            "{value:>10} {:>11.3} {:>9.2} {:>8.2} {b:>12} {ratio:>6} {roof:>12.3}",
+            t.ms,
+            t.gflops(),
+            t.gbs()
+        );
+        points.push(crate::plot::Point {
+            x,
+            ms: t.ms,
+            baseline_ms: t.baseline_ms,
+            roofline_ms: roof,
+        });
+    }
+    if let Some(path) = plot {
+        let title = format!("{name} ({})", params(k, overrides)?);
+        crate::plot::sweep(path, &title, &param, vs, &points)
+            .map_err(|e| usage(format!("--plot {}: {e}", path.display())))?;
+        println!("plot: {}", path.display());
     }
     Ok(())
 }

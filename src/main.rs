@@ -3,7 +3,9 @@
 //! Exit codes: 0 ok, 1 wrong result or runtime failure, 2 bad usage or bad input.
 
 mod commands;
+mod plot;
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -107,8 +109,16 @@ enum Command {
         #[arg(long, default_value_t = 10)]
         runs: usize,
         /// Print one JSON object instead of text.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "sweep")]
         json: bool,
+        /// Time one run per value of a parameter: `NAME=v1,v2,...` (a table of times,
+        /// GFLOP/s, GB/s, the baseline and the roofline).
+        #[arg(long, value_name = "NAME=V1,V2,...")]
+        sweep: Option<String>,
+        /// With --sweep: draw time against the swept value (Tessera, the baseline, the
+        /// roofline) into this SVG file.
+        #[arg(long, value_name = "FILE", requires = "sweep")]
+        plot: Option<PathBuf>,
     },
 }
 
@@ -160,7 +170,26 @@ fn main() -> ExitCode {
             params,
             vs,
             runs,
+            sweep: Some(sweep),
+            plot,
+            ..
+        } => commands::bench_sweep(
+            &kernel,
+            backend.as_deref(),
+            &params.shape,
+            &sweep,
+            vs.as_deref(),
+            runs,
+            plot.as_deref(),
+        ),
+        Command::Bench {
+            kernel,
+            backend,
+            params,
+            vs,
+            runs,
             json,
+            ..
         } => commands::bench(
             &kernel,
             backend.as_deref(),

@@ -314,6 +314,62 @@ fn bench_reports_time_throughput_and_peaks() {
 }
 
 #[test]
+fn bench_sweeps_print_a_table_and_draw_a_plot() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("softmax.svg");
+    let o = tessera(&[
+        "bench",
+        "softmax",
+        "--backend",
+        "interp",
+        "--shape",
+        "cols=32",
+        "--sweep",
+        "rows=8,16,32",
+        "--vs",
+        "torch",
+        "--runs",
+        "1",
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let rows: Vec<&str> = out
+        .lines()
+        .filter(|l| l.trim_start().starts_with(['8', '1', '3']))
+        .collect();
+    assert_eq!(rows.len(), 3, "one row per swept value: {out}");
+    assert!(
+        out.contains("roofline ms") && out.contains("torch ms"),
+        "{out}"
+    );
+    let drawn = std::fs::read_to_string(&svg).unwrap();
+    for text in [
+        "<svg",
+        "tessera",
+        "torch",
+        "roofline",
+        "rows",
+        "median time (ms)",
+    ] {
+        assert!(drawn.contains(text), "{text} missing in the plot");
+    }
+    for (sweep, message) in [
+        ("rows=8", "give at least two values of `rows`"),
+        ("rows=8,x", "`x` is not a number"),
+        ("rows", "expected NAME=v1,v2,..."),
+        ("bogus=1,2", "unknown parameter `bogus`"),
+    ] {
+        let o = tessera(&["bench", "softmax", "--sweep", sweep, "--runs", "1"]);
+        assert_eq!(o.status.code(), Some(2), "{sweep}");
+        assert!(stderr(&o).contains(message), "{sweep}: {}", stderr(&o));
+    }
+    let o = tessera(&["bench", "softmax", "--plot", svg.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "--plot needs --sweep");
+}
+
+#[test]
 fn lower_prints_modules_for_each_target() {
     let o = tessera(&[
         "lower",
