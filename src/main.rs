@@ -170,34 +170,24 @@ fn main() -> ExitCode {
             params,
             vs,
             runs,
-            sweep: Some(sweep),
+            json,
+            sweep,
             plot,
-            ..
-        } => commands::bench_sweep(
-            &kernel,
-            backend.as_deref(),
-            &params.shape,
-            &sweep,
-            vs.as_deref(),
-            runs,
-            plot.as_deref(),
-        ),
-        Command::Bench {
-            kernel,
-            backend,
-            params,
-            vs,
-            runs,
-            json,
-            ..
-        } => commands::bench(
-            &kernel,
-            backend.as_deref(),
-            &params.shape,
-            vs.as_deref(),
-            runs,
-            json,
-        ),
+        } => {
+            let (backend, shape, vs) = (backend.as_deref(), &params.shape, vs.as_deref());
+            match sweep {
+                Some(sweep) => commands::bench_sweep(
+                    &kernel,
+                    backend,
+                    shape,
+                    &sweep,
+                    vs,
+                    runs,
+                    plot.as_deref(),
+                ),
+                None => commands::bench(&kernel, backend, shape, vs, runs, json),
+            }
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
