@@ -682,9 +682,9 @@ fn flash_attention_bwd(args: Vec<Value>) -> Result<Vec<Tensor>, OpError> {
         .iter()
         .map(|t| t.empty(&t.shape))
         .collect::<Result<Vec<_>, _>>()?;
-    let grad = grad.contiguous()?;
+    // A conversion copies into fresh contiguous memory already.
     let grad = if grad.dtype == att.q.dtype {
-        grad
+        grad.contiguous()?
     } else {
         convert(grad, &att.q)?
     };
