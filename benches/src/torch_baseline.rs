@@ -37,6 +37,10 @@ impl TorchBaseline {
                 let rotated = Tensor::cat(&[-x.narrow(3, half, half), x.narrow(3, 0, half)], 3);
                 vec![x * cos + rotated * sin]
             },
+            "flash_attention" if masked_or_capped(params) => {
+                |t, p| vec![attention_math(&t[0], &t[1], &t[2], p)]
+            }
+            "flash_attention_bwd" if masked_or_capped(params) => math_backward,
             "flash_attention" => |t, p| {
                 let gqa = t[0].size()[1] != t[1].size()[1];
                 vec![Tensor::scaled_dot_product_attention(
@@ -135,6 +139,75 @@ fn sdpa_backward(t: &[Tensor], p: &Params) -> Vec<Tensor> {
             .sum_dim_intlist(2, false, None::<Kind>)
     };
     vec![dq, fold(dk), fold(dv)]
+}
+
+/// Whether attention has a sliding window or a soft-cap, which PyTorch's SDPA kernels do
+/// not take.
+fn masked_or_capped(p: &Params) -> bool {
+    window(p).is_some() || softcap(p).is_some()
+}
+
+/// Attention with a sliding window and soft-capping the way a PyTorch user computes it:
+/// SDPA with a boolean mask for a window alone, else the scores in plain ops (GQA
+/// repeats k/v). A query that sees no key gives 0, as in Tessera's kernel.
+fn attention_math(q: &Tensor, k: &Tensor, v: &Tensor, p: &Params) -> Tensor {
+    let (sq, sk, d) = (q.size()[2], k.size()[2], q.size()[3]);
+    let groups = q.size()[1] / k.size()[1];
+    let (k, v) = (
+        k.repeat_interleave_self_int(groups, 1, None),
+        v.repeat_interleave_self_int(groups, 1, None),
+    );
+    let i = Tensor::arange(sq, (Kind::Int64, q.device())).unsqueeze(1);
+    let j = Tensor::arange(sk, (Kind::Int64, q.device())).unsqueeze(0);
+    let mut visible = Tensor::ones([sq, sk], (Kind::Bool, q.device()));
+    if causal(p) {
+        visible = visible.logical_and(&j.less_equal_tensor(&i));
+    }
+    if let Some(w) = window(p) {
+        visible = visible.logical_and(&(&j + w as i64).greater_equal_tensor(&i));
+    }
+    let scale = scale(p).unwrap_or(1.0 / (d as f64).sqrt());
+    let Some(cap) = softcap(p) else {
+        let out = Tensor::scaled_dot_product_attention(
+            q,
+            &k,
+            &v,
+            Some(&visible),
+            0.0,
+            false,
+            Some(scale),
+            false,
+        );
+        return out.nan_to_num(0.0, None, None);
+    };
+    let scores = q.matmul(&k.transpose(-1, -2)) * scale;
+    let scores = (scores / cap).tanh() * cap;
+    let probs = scores
+        .masked_fill(&visible.logical_not(), f64::NEG_INFINITY)
+        .softmax(-1, None::<Kind>)
+        .nan_to_num(0.0, None, None);
+    probs.matmul(&v)
+}
+
+/// The backward of [`attention_math`] by PyTorch's autograd: `q, k, v, do` -> `dq, dk, dv`.
+fn math_backward(t: &[Tensor], p: &Params) -> Vec<Tensor> {
+    tch::with_grad(|| {
+        let leaves: Vec<Tensor> = t[..3]
+            .iter()
+            .map(|x| x.detach().set_requires_grad(true))
+            .collect();
+        let out = attention_math(&leaves[0], &leaves[1], &leaves[2], p);
+        let loss = (out * &t[3]).sum(None::<Kind>);
+        Tensor::run_backward(&[loss], &leaves, false, false)
+    })
+}
+
+fn window(p: &Params) -> Option<u64> {
+    p.count_opt("window").ok().flatten()
+}
+
+fn softcap(p: &Params) -> Option<f64> {
+    p.float_opt("softcap").ok().flatten()
 }
 
 fn eps(p: &Params) -> f64 {

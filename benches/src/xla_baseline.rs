@@ -212,17 +212,32 @@ pub fn module(name: &str, p: &Params) -> Result<Option<String>, kernels::BoxErro
             let s = m.op("dot_general", &[(&q, &qf), (&kv[0], &full_kv)], attrs, &st);
             let scale = m.constant(DType::F32, &scores, c.scale);
             let mut s = m.binary("multiply", &s, &scale, &st);
+            if let Some(cap) = c.softcap {
+                let inv = m.constant(DType::F32, &scores, 1.0 / cap);
+                let t = m.binary("multiply", &s, &inv, &st);
+                let t = m.unary("tanh", &t, &st);
+                let cap = m.constant(DType::F32, &scores, cap);
+                s = m.binary("multiply", &t, &cap, &st);
+            }
+            let it = ty(DType::I32, &scores);
+            let bt = ty(DType::Bool, &scores);
+            let (qi, ki) = (
+                m.op("iota", &[], "iota_dimension = 2 : i64", &it),
+                m.op("iota", &[], "iota_dimension = 3 : i64", &it),
+            );
+            let mut rules = Vec::new();
             if c.causal {
-                let it = ty(DType::I32, &[c.batch, c.heads, c.q_len, c.kv_len]);
-                let qi = m.op("iota", &[], "iota_dimension = 2 : i64", &it);
-                let ki = m.op("iota", &[], "iota_dimension = 3 : i64", &it);
-                let bt = ty(DType::Bool, &[c.batch, c.heads, c.q_len, c.kv_len]);
-                let visible = m.op(
-                    "compare",
-                    &[(&ki, &it), (&qi, &it)],
-                    "comparison_direction = #stablehlo<comparison_direction LE>",
-                    &bt,
-                );
+                rules.push(m.compare("LE", &ki, &qi, DType::I32, &scores));
+            }
+            if let Some(w) = c.window {
+                let w = m.constant(DType::I32, &scores, w as f64);
+                let lowest = m.binary("subtract", &qi, &w, &it);
+                rules.push(m.compare("GE", &ki, &lowest, DType::I32, &scores));
+            }
+            if let Some(first) = rules.first().cloned() {
+                let visible = rules[1..]
+                    .iter()
+                    .fold(first, |a, b| m.binary("and", &a, b, &bt));
                 let masked = m.constant(DType::F32, &scores, -1e30);
                 s = m.op(
                     "select",

@@ -97,6 +97,18 @@ impl Params {
         }
     }
 
+    /// A non-negative integer (`none` gives `None`).
+    pub fn count_opt(&self, name: &str) -> Result<Option<u64>, ParamError> {
+        match self.raw(name)? {
+            "none" | "" => Ok(None),
+            raw => raw.parse::<u64>().map(Some).map_err(|_| {
+                ParamError(format!(
+                    "`{name}` must be a non-negative integer or none, got `{raw}`"
+                ))
+            }),
+        }
+    }
+
     /// A float (`none` gives `None`).
     pub fn float_opt(&self, name: &str) -> Result<Option<f64>, ParamError> {
         match self.raw(name)? {

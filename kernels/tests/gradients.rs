@@ -82,6 +82,32 @@ fn gradients_match_finite_differences() {
         ("causal", "true"),
         ("scale", "0.7"),
     ]);
+    // Soft-capping (scores near the cap, so tanh bends) with a sliding window that leaves
+    // the last queries without keys.
+    finite_difference_check(&[
+        ("heads", "2"),
+        ("kv_heads", "1"),
+        ("q_len", "9"),
+        ("kv_len", "5"),
+        ("head_dim", "4"),
+        ("block_q", "4"),
+        ("block_k", "2"),
+        ("window", "2"),
+        ("softcap", "0.5"),
+        ("scale", "2.0"),
+    ]);
+    finite_difference_check(&[
+        ("heads", "1"),
+        ("kv_heads", "1"),
+        ("q_len", "8"),
+        ("kv_len", "8"),
+        ("head_dim", "4"),
+        ("block_q", "2"),
+        ("block_k", "4"),
+        ("causal", "true"),
+        ("window", "3"),
+        ("softcap", "1.0"),
+    ]);
 }
 
 /// The backward with the forward's `(o, lse)` passed in gives the gradients of the one

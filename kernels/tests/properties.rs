@@ -95,10 +95,35 @@ fn attention_case() -> impl Strategy<Value = Vec<(&'static str, String)>> {
         any::<bool>(),
         prop_oneof![Just("f32"), Just("bf16")],
         prop_oneof![Just("none".to_string()), Just("0.3".to_string())],
+        (
+            prop_oneof![
+                2 => Just("none".to_string()),
+                1 => Just("0".to_string()),
+                1 => (1u64..=40).prop_map(|w| w.to_string())
+            ],
+            prop_oneof![
+                2 => Just("none".to_string()),
+                1 => Just("2.5".to_string())
+            ],
+        ),
     )
         .prop_map(
-            |(batch, (heads, kv_heads), q_len, kv_len, head_dim, bq, bk, causal, dtype, scale)| {
+            |(
+                batch,
+                (heads, kv_heads),
+                q_len,
+                kv_len,
+                head_dim,
+                bq,
+                bk,
+                causal,
+                dtype,
+                scale,
+                (window, softcap),
+            )| {
                 vec![
+                    ("window", window),
+                    ("softcap", softcap),
                     ("batch", batch.to_string()),
                     ("heads", heads.to_string()),
                     ("kv_heads", kv_heads.to_string()),
@@ -171,6 +196,33 @@ fn attention_edge_cases() {
             ("block_k", "16"),
             ("heads", "2"),
             ("kv_heads", "2"),
+        ],
+        // Sliding windows: blocks wholly left of the window skipped, partly inside masked,
+        // queries past kv_len + window seeing no key at all (output 0, finite gradients).
+        &[
+            ("q_len", "100"),
+            ("kv_len", "100"),
+            ("causal", "true"),
+            ("window", "20"),
+            ("block_q", "16"),
+            ("block_k", "8"),
+        ],
+        &[
+            ("q_len", "70"),
+            ("kv_len", "30"),
+            ("window", "9"),
+            ("block_q", "16"),
+            ("block_k", "16"),
+        ],
+        &[
+            ("q_len", "33"),
+            ("kv_len", "33"),
+            ("causal", "true"),
+            ("window", "0"),
+            ("softcap", "1.5"),
+            ("block_q", "8"),
+            ("block_k", "16"),
+            ("dtype", "bf16"),
         ],
         &[
             ("head_dim", "128"),

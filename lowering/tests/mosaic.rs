@@ -57,6 +57,10 @@ fn cases() -> Vec<(&'static str, Vec<String>)> {
             attention,
             vec!["q_len=200,kv_len=72,block_q=64,block_k=64,head_dim=128".into()],
         ));
+        cases.push((
+            attention,
+            vec!["causal=true,window=100,softcap=30,q_len=512,kv_len=512,dtype=bf16".into()],
+        ));
     }
     cases.push(("matmul", vec!["m=200,k=384,n=256,dtype=bf16".into()]));
     cases.push((

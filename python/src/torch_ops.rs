@@ -29,7 +29,8 @@ impl NativeOp {
         &self.schema[..self.schema.find('(').unwrap_or(0)]
     }
 
-    /// The argument types, in order (`Tensor`, `float`, `bool`, `Tensor?`, `float?`).
+    /// The argument types, in order (`Tensor`, `float`, `bool`, `Tensor?`, `float?`,
+    /// `int?`).
     fn arg_types(&self) -> impl Iterator<Item = &'static str> {
         let start = self.schema.find('(').map_or(0, |i| i + 1);
         let end = self.schema.find(')').unwrap_or(start);
@@ -43,6 +44,7 @@ impl NativeOp {
 enum Value {
     Tensor(Tensor),
     Float(f64),
+    Int(i64),
     Bool(bool),
     None,
 }
@@ -74,19 +76,20 @@ pub(crate) const OPS: &[NativeOp] = &[
         run: rope,
     },
     NativeOp {
-        schema: "flash_attention_fwd(Tensor q, Tensor k, Tensor v, bool is_causal, float scale) \
-                 -> (Tensor, Tensor)",
+        schema: "flash_attention_fwd(Tensor q, Tensor k, Tensor v, bool is_causal, float scale, \
+                 int? window=None, float? softcap=None) -> (Tensor, Tensor)",
         run: flash_attention_fwd,
     },
     NativeOp {
         schema:
             "flash_attention_bwd(Tensor q, Tensor k, Tensor v, Tensor grad_out, bool is_causal, \
-                 float scale, Tensor? out=None, Tensor? lse=None) -> (Tensor, Tensor, Tensor)",
+                 float scale, Tensor? out=None, Tensor? lse=None, int? window=None, \
+                 float? softcap=None) -> (Tensor, Tensor, Tensor)",
         run: flash_attention_bwd,
     },
     NativeOp {
         schema: "flash_attention(Tensor q, Tensor k, Tensor v, bool is_causal=False, \
-                 float? scale=None) -> Tensor",
+                 float? scale=None, int? window=None, float? softcap=None) -> Tensor",
         run: flash_attention,
     },
 ];
@@ -139,6 +142,7 @@ unsafe fn call(
             "Tensor?" => take_optional(v).map_or(Value::None, |h| {
                 Value::Tensor(Tensor::from_raw(h as Handle))
             }),
+            "int?" => take_optional(v).map_or(Value::None, |i| Value::Int(i as i64)),
             _ => take_optional(v).map_or(Value::None, |f| Value::Float(f64::from_bits(f))),
         })
         .collect();
@@ -335,6 +339,16 @@ impl Args {
         match self.0.next() {
             Some(Value::Float(f)) if f.is_finite() => Ok(Some(f)),
             Some(Value::Float(f)) => Err(bad(format!("{name}: expected a finite number, got {f}"))),
+            _ => Ok(None),
+        }
+    }
+
+    /// An optional non-negative integer.
+    fn count(&mut self, name: &str) -> Result<Option<u64>, OpError> {
+        match self.0.next() {
+            Some(Value::Int(i)) => u64::try_from(i)
+                .map(Some)
+                .map_err(|_| bad(format!("{name}: expected a non-negative integer, got {i}"))),
             _ => Ok(None),
         }
     }
@@ -582,6 +596,23 @@ impl Attention {
         self.params.push(("scale", format!("{scale:?}")));
     }
 
+    /// Reads and adds the sliding `window` and the `softcap` (both optional).
+    fn window_and_softcap(&mut self, a: &mut Args) -> Result<(), OpError> {
+        if let Some(w) = a.count("window")? {
+            self.params.push(("window", w.to_string()));
+        }
+        match a.float("softcap")? {
+            Some(cap) if cap <= 0.0 => {
+                return Err(bad(format!(
+                    "softcap: expected a positive number, got {cap:?}"
+                )))
+            }
+            Some(cap) => self.params.push(("softcap", format!("{cap:?}"))),
+            None => {}
+        }
+        Ok(())
+    }
+
     fn empty(&self) -> bool {
         self.q.numel() == 0 || self.k.numel() == 0
     }
@@ -648,6 +679,7 @@ fn flash_attention_fwd(args: Vec<Value>) -> Result<Vec<Tensor>, OpError> {
     let causal = a.flag();
     let scale = a.float("scale")?;
     att.options(causal, scale);
+    att.window_and_softcap(&mut a)?;
     att.forward()
 }
 
@@ -672,6 +704,7 @@ fn flash_attention_bwd(args: Vec<Value>) -> Result<Vec<Tensor>, OpError> {
     let scale = a.float("scale")?;
     att.options(causal, scale);
     let saved = att.saved(&mut a)?;
+    att.window_and_softcap(&mut a)?;
     if att.empty() {
         return [&att.q, &att.k, &att.v]
             .iter()

@@ -177,9 +177,17 @@ def _attention_shapes(q, k, v):
     _same_device(query=q, key=k, value=v)
 
 
-def _attention_params(q, k, v, is_causal, scale):
+def _attention_options(window, softcap):
+    if window is not None and window < 0:
+        raise ValueError(f"window: expected a non-negative integer, got {window}")
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"softcap: expected a positive number, got {softcap}")
+
+
+def _attention_params(q, k, v, is_causal, scale, window=None, softcap=None):
     """The attention kernel's parameters for these arguments (graph mode's custom calls)."""
     _attention_shapes(q, k, v)
+    _attention_options(window, softcap)
     b, h, sq, d = q.shape
     if d == 0:
         raise ValueError("query: head_dim must be at least 1")
@@ -189,18 +197,22 @@ def _attention_params(q, k, v, is_causal, scale):
     return {
         "batch": b, "heads": h, "kv_heads": k.shape[1], "q_len": sq, "kv_len": k.shape[2], "head_dim": d,
         "causal": "true" if is_causal else "false", "scale": repr(scale), "dtype": _DTYPES[q.dtype],
+        "window": "none" if window is None else int(window),
+        "softcap": "none" if softcap is None else repr(float(softcap)),
     }
 
 
 @_fake("flash_attention_fwd")
-def _(q, k, v, is_causal, scale):
+def _(q, k, v, is_causal, scale, window=None, softcap=None):
     _attention_shapes(q, k, v)
+    _attention_options(window, softcap)
     return _empty(q), q.new_empty((*q.shape[:3], 1), dtype=torch.float32)
 
 
 @_fake("flash_attention_bwd")
-def _(q, k, v, grad_out, is_causal, scale, out=None, lse=None):
+def _(q, k, v, grad_out, is_causal, scale, out=None, lse=None, window=None, softcap=None):
     _attention_shapes(q, k, v)
+    _attention_options(window, softcap)
     if grad_out.shape != q.shape:
         raise ValueError(f"grad_out: shape {tuple(grad_out.shape)} differs from query's {tuple(q.shape)}")
     _same_device(query=q, grad_out=grad_out)
@@ -208,8 +220,9 @@ def _(q, k, v, grad_out, is_causal, scale, out=None, lse=None):
 
 
 @_fake("flash_attention")
-def _(q, k, v, is_causal=False, scale=None):
+def _(q, k, v, is_causal=False, scale=None, window=None, softcap=None):
     _attention_shapes(q, k, v)
+    _attention_options(window, softcap)
     return _empty(q)
 
 
@@ -308,14 +321,15 @@ _differentiable("matmul", _save_inputs, _matmul_backward)
 
 def _attention_backward(ctx, grad_out, *grad_lse):
     q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = torch.ops.tessera.flash_attention_bwd(q, k, v, grad_out, ctx.is_causal, ctx.scale, out, lse)
-    return dq, dk, dv, None, None
+    dq, dk, dv = torch.ops.tessera.flash_attention_bwd(
+        q, k, v, grad_out, ctx.is_causal, ctx.scale, out, lse, ctx.window, ctx.softcap)
+    return dq, dk, dv, None, None, None, None
 
 
 def _attention_fwd_setup(ctx, inputs, output):
-    q, k, v, is_causal, scale = inputs
+    q, k, v, is_causal, scale, window, softcap = inputs
     ctx.save_for_backward(q, k, v, *output)
-    ctx.is_causal, ctx.scale = is_causal, scale
+    ctx.is_causal, ctx.scale, ctx.window, ctx.softcap = is_causal, scale, window, softcap
     ctx.mark_non_differentiable(output[1])
 
 
@@ -327,11 +341,11 @@ class _Attention(torch.autograd.Function):
     backward (which then does not run the forward again)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal, scale):
-        ctx.is_causal = is_causal
+    def forward(ctx, q, k, v, is_causal, scale, window, softcap):
+        ctx.is_causal, ctx.window, ctx.softcap = is_causal, window, softcap
         ctx.scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
         with _below_autograd():
-            out, lse = torch.ops.tessera.flash_attention_fwd.default(q, k, v, is_causal, ctx.scale)
+            out, lse = torch.ops.tessera.flash_attention_fwd.default(q, k, v, is_causal, ctx.scale, window, softcap)
         ctx.save_for_backward(q, k, v, out, lse)
         return out
 

@@ -93,6 +93,50 @@ def test_flash_attention_scale_and_bf16():
     close(ops.flash_attention(q, k, v, False, 0.3), sdpa(q.float(), k.float(), v.float(), False, 0.3).bfloat16(), torch.bfloat16)
 
 
+def windowed_softcapped(q, k, v, is_causal, window, softcap):
+    """PyTorch math for attention with a sliding window and logit soft-capping (GQA by
+    repeating k/v); a query that sees no key gives 0."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    i = torch.arange(q.shape[2])[:, None]
+    j = torch.arange(k.shape[2])[None, :]
+    visible = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool)
+    if is_causal:
+        visible &= j <= i
+    if window is not None:
+        visible &= j >= i - window
+    p = torch.softmax(s.masked_fill(~visible, -math.inf), -1).nan_to_num(0.0)
+    return p @ v
+
+
+@pytest.mark.parametrize("is_causal,window,softcap", [
+    (True, 16, None), (False, 5, None), (True, 0, 2.0), (False, None, 1.5), (True, 40, 30.0),
+])
+def test_flash_attention_window_and_softcap(is_causal, window, softcap):
+    q = torch.randn(1, 4, 70, 32, requires_grad=True)
+    k = torch.randn(1, 2, 45, 32, requires_grad=True)
+    v = torch.randn(1, 2, 45, 32, requires_grad=True)
+    out = ops.flash_attention(q, k, v, is_causal, None, window, softcap)
+    ref = windowed_softcapped(q, k, v, is_causal, window, softcap)
+    close(out, ref, torch.float32)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), g)
+    want = torch.autograd.grad(ref, (q, k, v), g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=2e-4)
+
+
+def test_flash_attention_window_and_softcap_errors():
+    q = torch.randn(1, 2, 8, 16)
+    with pytest.raises(ValueError, match="window: expected a non-negative integer, got -1"):
+        ops.flash_attention(q, q, q, True, None, -1)
+    with pytest.raises(ValueError, match="softcap: expected a positive number, got 0.0"):
+        ops.flash_attention(q, q, q, True, None, None, 0.0)
+
+
 def opcheck_args():
     x = torch.randn(5, 33, requires_grad=True)
     w, b = torch.randn(33, requires_grad=True), torch.randn(33, requires_grad=True)
@@ -106,6 +150,7 @@ def opcheck_args():
         (ops.matmul, (x, torch.randn(33, 7, requires_grad=True))),
         (ops.rope, (torch.randn(1, 4, 9, 16, requires_grad=True), cos, sin)),
         (ops.flash_attention, (q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), True, None)),
+        (ops.flash_attention, (q, k, v, True, None, 3, 5.0)),
     ]
 
 

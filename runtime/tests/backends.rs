@@ -139,10 +139,13 @@ proptest! {
     #[test]
     fn flash_attention(heads in prop_oneof![Just((2u64, 1u64)), Just((4, 2)), Just((2, 2))],
                        q_len in prop_oneof![Just(1u64), 2u64..=70], kv_len in prop_oneof![Just(1u64), 2u64..=70],
-                       causal in any::<bool>(), bf16 in any::<bool>(), seed in 0u64..100) {
+                       causal in any::<bool>(), bf16 in any::<bool>(),
+                       window in prop_oneof![Just("none".to_string()), (0u64..=40).prop_map(|w| w.to_string())],
+                       softcap in prop_oneof![Just("none"), Just("3.0")], seed in 0u64..100) {
         let case = [("heads", heads.0.to_string()), ("kv_heads", heads.1.to_string()), ("q_len", q_len.to_string()),
             ("kv_len", kv_len.to_string()), ("head_dim", "32".into()), ("block_q", "16".into()), ("block_k", "32".into()),
-            ("causal", causal.to_string()), ("dtype", if bf16 { "bf16" } else { "f32" }.into())];
+            ("causal", causal.to_string()), ("dtype", if bf16 { "bf16" } else { "f32" }.into()),
+            ("window", window), ("softcap", softcap.into())];
         all_match("flash_attention", &case, seed)?;
         all_match("flash_attention_bwd", &case, seed)?;
     }

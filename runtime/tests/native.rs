@@ -1,4 +1,4 @@
-//! What only the native backend does: its polynomial `exp`, carried buffers that swap in
+//! What only the native backend does: its polynomial `exp` and `tanh`, carried buffers that swap in
 //! a loop, parallel programs split across threads, and the kernels it declines.
 
 use kernel_ir::dsl::for_range;
@@ -51,6 +51,47 @@ fn exp_matches_libm_over_the_whole_f32_range() {
             (y - want).abs() <= 2e-6 * want.abs() + 1e-37
         };
         assert!(ok, "exp({x}) = {y}, libm says {want}");
+    }
+}
+
+#[test]
+fn tanh_matches_libm_across_both_branches() {
+    let ty = TensorType::new(DType::F32, [8, 64]);
+    let k = pallas_call(|x: Ref, o: Ref| o.write(x.read().tanh()))
+        .grid([1])
+        .input(ty.clone(), whole([8, 64]))
+        .output(ty, whole([8, 64]))
+        .build()
+        .unwrap();
+    let mut xs = vec![
+        f32::NEG_INFINITY,
+        f32::INFINITY,
+        f32::NAN,
+        0.0,
+        -0.0,
+        1e-30,
+        -1e-30,
+        0.399_999_98,
+        0.4,
+        -0.4,
+        9.0,
+        50.0,
+        -1e4,
+    ];
+    while xs.len() < 512 {
+        // Dense around the branch point and out to where tanh is 1 in f32.
+        let i = xs.len() as f32 - 256.0;
+        xs.push(i * 0.004 + i.signum() * (i.abs() / 64.0).powi(3));
+    }
+    let (got, _) = runtime::run(&k, &[f32_array([8, 64], xs.clone())], Backend::Native).unwrap();
+    for (x, y) in xs.iter().zip(got[0].as_f32().unwrap()) {
+        let want = x.tanh();
+        let ok = if want.is_nan() {
+            y.is_nan()
+        } else {
+            (y - want).abs() <= 4e-7 * want.abs() + 1e-38 && y.signum() == want.signum()
+        };
+        assert!(ok, "tanh({x}) = {y}, libm says {want}");
     }
 }
 

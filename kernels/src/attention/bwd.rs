@@ -5,7 +5,7 @@
 use kernel_ir::dsl::prelude::*;
 use kernel_macros::{kernel, kernel_fn};
 
-use super::fwd::{causal_mask, mxu_input, visible_key_blocks};
+use super::fwd::{key_blocks, mask_scores, mxu_input, soft_cap};
 use super::AttentionConfig;
 use crate::common::load_tile;
 
@@ -49,8 +49,8 @@ pub(crate) fn flash_attention_bwd_delta(
     }
 }
 
-/// `p` and `ds` of one (query block, key block) tile.
-#[kernel_fn]
+/// `p` and `ds` (the gradient of the scaled scores) of one (query block, key block) tile.
+#[allow(clippy::too_many_arguments)]
 fn probs_and_grad(
     qb: Tensor,
     kb: Tensor,
@@ -64,14 +64,20 @@ fn probs_and_grad(
     cols: u64,
     c: AttentionConfig,
 ) -> (Tensor, Tensor) {
-    let mut scores = dot_general(qb, kb, false, true) * c.scale;
-    if c.causal {
-        scores = causal_mask(scores, rows, cols, q0, k0);
-    }
+    let (scores, tanh) = soft_cap(dot_general(qb, kb, false, true) * c.scale, c);
+    let scores = mask_scores(scores, rows, cols, q0, k0, c);
+    // A query that a window leaves without keys has lse = -inf: its p must be 0.
+    let lse_b = match c.window {
+        Some(_) => select(lse_b.eq(f64::NEG_INFINITY), 0.0, lse_b),
+        None => lse_b,
+    };
     let p = (scores - lse_b.expand_dims(1)).exp();
     let dp = dot_general(dob, vb, false, true);
     let ds = p * (dp - delta_b.expand_dims(1));
-    (p, ds)
+    match tanh {
+        Some(t) => (p, ds * (1.0 - t * t)),
+        None => (p, ds),
+    }
 }
 
 /// dq accumulation over keys `[k0, k0 + size)`.
@@ -115,9 +121,9 @@ pub(crate) fn flash_attention_bwd_dq(
     let delta_b = load_vector(delta, bq, q0, c.q_len);
     let full_blocks = c.kv_len / bk;
     let tail = c.kv_len % bk;
-    let upper = visible_key_blocks(q0, full_blocks, c);
+    let blocks = key_blocks(q0, full_blocks, c);
     let mut acc = zeros([bq, d], DType::F32);
-    for j in 0..upper {
+    for j in blocks.first..blocks.upper {
         acc = dq_step(qb, dob, lse_b, delta_b, k, v, q0, j * bk, bk, acc, c);
     }
     if tail > 0 {
@@ -136,6 +142,15 @@ pub(crate) fn flash_attention_bwd_dq(
         );
     }
     store_rows(dq, (acc * c.scale).cast(c.dtype), bq, d, q0, c.q_len);
+}
+
+/// How many of the `full_blocks` query blocks may see the key block at `k0`: all of
+/// them, or in a window of left size `w` those starting at or before `k0 + block_k - 1 + w`.
+fn query_blocks_upper(k0: Tensor, full_blocks: u64, c: AttentionConfig) -> Tensor {
+    match c.window {
+        Some(w) => ((k0 + (c.block_k - 1 + w)) / c.block_q + 1).minimum(full_blocks),
+        None => index(full_blocks as i64),
+    }
 }
 
 /// dk/dv accumulation over queries `[q0, q0 + size)` of query head `g` of the group.
@@ -185,14 +200,16 @@ pub(crate) fn flash_attention_bwd_dkdv(
     let vb = load_tile(v, bk, d, k0, index(0), c.kv_len, d);
     let full_blocks = c.q_len / bq;
     let tail = c.q_len % bq;
-    // Causal: query blocks wholly before this key block see none of it.
+    // Query blocks wholly before this key block (causal) or wholly after its window see
+    // none of it.
     let lower = if c.causal { k0 / bq } else { index(0) };
+    let upper = query_blocks_upper(k0, full_blocks, c);
     let mut dk_acc = zeros([bk, d], DType::F32);
     let mut dv_acc = zeros([bk, d], DType::F32);
     let group = c.heads / c.kv_heads;
     #[unroll]
     for g in 0..group {
-        for i in lower..full_blocks {
+        for i in lower..upper {
             (dk_acc, dv_acc) = dkdv_step(
                 q,
                 d_o,

@@ -4,7 +4,7 @@
 use kernel_ir::dsl::prelude::*;
 use kernel_macros::{kernel, kernel_fn};
 
-use super::AttentionConfig;
+use super::{masked, windowed, AttentionConfig};
 use crate::common::load_tile;
 
 /// Scores of masked-out (future) keys. `-inf`, not a large finite value: a row whose
@@ -13,13 +13,37 @@ use crate::common::load_tile;
 /// seen no finite score, and such rows come out 0, as in PyTorch's SDPA.
 pub(crate) const MASK_VALUE: f64 = f64::NEG_INFINITY;
 
-/// Applies the causal mask (key position <= query position) to a score block whose
-/// first query is `q0` and first key `k0`.
-#[kernel_fn]
-pub(crate) fn causal_mask(s: Tensor, rows: u64, cols: u64, q0: Tensor, k0: Tensor) -> Tensor {
+/// Masks the scores of a block (first query `q0`, first key `k0`) that its queries may
+/// not see: keys after the query (causal) and keys more than `window` before it.
+pub(crate) fn mask_scores(
+    s: Tensor,
+    rows: u64,
+    cols: u64,
+    q0: Tensor,
+    k0: Tensor,
+    c: AttentionConfig,
+) -> Tensor {
     let query = iota([rows, cols], 0) + q0;
     let key = iota([rows, cols], 1) + k0;
-    select(key.le(query), s, MASK_VALUE)
+    let visible = match (c.causal, c.window) {
+        (false, None) => return s,
+        (true, None) => key.le(query),
+        (false, Some(w)) => (key + w).ge(query),
+        (true, Some(w)) => key.le(query) & (key + w).ge(query),
+    };
+    select(visible, s, MASK_VALUE)
+}
+
+/// Soft-capped scores `softcap * tanh(s / softcap)` and `tanh(s / softcap)` (the
+/// backward's derivative needs it), or `s` unchanged without a cap.
+pub(crate) fn soft_cap(s: Tensor, c: AttentionConfig) -> (Tensor, Option<Tensor>) {
+    match c.softcap {
+        Some(cap) => {
+            let t = (s * (1.0 / cap)).tanh();
+            (t * cap, Some(t))
+        }
+        None => (s, None),
+    }
 }
 
 /// `x` in the dtype the matmul units take: unchanged for f32, else rounded to `dtype`.
@@ -32,19 +56,48 @@ pub(crate) fn mxu_input(x: Tensor, dtype: DType) -> Tensor {
     }
 }
 
-/// How many of the `full_blocks` key blocks the queries `[q0, q0 + block_q)` may see:
-/// all of them, or under the causal mask those starting at or before the last query.
-#[kernel_fn]
-pub(crate) fn visible_key_blocks(q0: Tensor, full_blocks: u64, c: AttentionConfig) -> Tensor {
-    if c.causal {
-        ((q0 + (c.block_q + c.block_k - 1)) / c.block_k).minimum(full_blocks)
+/// The full key blocks `[first, upper)` that queries `[q0, q0 + block_q)` may see, and
+/// the blocks `[from, to)` among them that need no mask (`first <= from <= to <= upper`).
+pub(crate) struct KeyBlocks {
+    pub first: Tensor,
+    pub from: Tensor,
+    pub to: Tensor,
+    pub upper: Tensor,
+}
+
+/// Which of the `full_blocks` key blocks queries `[q0, q0 + block_q)` see: under the
+/// causal mask those starting at or before the last query (and wholly unmasked those
+/// ending at or before the first), in a window of left size `w` those ending at or after
+/// `q0 - w` (wholly unmasked those starting at or after `q0 + block_q - 1 - w`).
+pub(crate) fn key_blocks(q0: Tensor, full_blocks: u64, c: AttentionConfig) -> KeyBlocks {
+    let (bq, bk) = (c.block_q, c.block_k);
+    let upper = if c.causal {
+        ((q0 + (bq + bk - 1)) / bk).minimum(full_blocks)
     } else {
         index(full_blocks as i64)
+    };
+    let (first, from) = match c.window {
+        Some(w) => (
+            ((q0 - w).maximum(0) / bk).minimum(upper),
+            (((q0 + (bq - 1) - w).maximum(0) + (bk - 1)) / bk).minimum(upper),
+        ),
+        None => (index(0), index(0)),
+    };
+    let to = if c.causal {
+        ((q0 + 1) / bk).minimum(upper).maximum(from)
+    } else {
+        upper
+    };
+    KeyBlocks {
+        first,
+        from,
+        to,
+        upper,
     }
 }
 
 /// One step of the online softmax over keys `[k0, k0 + size)`; `masked` applies the
-/// causal mask (blocks wholly below the diagonal need none). `q` is pre-scaled for f32.
+/// causal and window masks (blocks every query sees whole need none). `q` is pre-scaled for f32.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 fn attend(
@@ -65,8 +118,9 @@ fn attend(
     if c.dtype != DType::F32 {
         scores *= c.scale;
     }
+    scores = soft_cap(scores, c).0;
     if masked {
-        scores = causal_mask(scores, c.block_q, size, q0, k0);
+        scores = mask_scores(scores, c.block_q, size, q0, k0, c);
     }
     let m_new = m.maximum(scores.max(1));
     // Rows with no finite score yet subtract 0, so masked keys get exp(-inf) = 0.
@@ -98,23 +152,23 @@ pub(crate) fn flash_attention_fwd(
     }
     let full_blocks = c.kv_len / bk;
     let tail = c.kv_len % bk;
-    // Causal: key blocks wholly after the last query of this block are skipped, and
-    // those wholly before its first query need no mask.
-    let upper = visible_key_blocks(q0, full_blocks, c);
+    // Key blocks that no query of this block sees are skipped; those every query sees
+    // whole need no mask.
+    let blocks = key_blocks(q0, full_blocks, c);
     let mut m = full([bq], f64::NEG_INFINITY, DType::F32);
     let mut l = zeros([bq], DType::F32);
     let mut acc = zeros([bq, c.head_dim], DType::F32);
-    if c.causal {
-        let unmasked = ((q0 + 1) / bk).minimum(upper);
-        for j in 0..unmasked {
-            (m, l, acc) = attend(qb, k, v, j * bk, bk, q0, (m, l, acc), false, c);
-        }
-        for j in unmasked..upper {
+    if windowed(c) {
+        for j in blocks.first..blocks.from {
             (m, l, acc) = attend(qb, k, v, j * bk, bk, q0, (m, l, acc), true, c);
         }
-    } else {
-        for j in 0..upper {
-            (m, l, acc) = attend(qb, k, v, j * bk, bk, q0, (m, l, acc), false, c);
+    }
+    for j in blocks.from..blocks.to {
+        (m, l, acc) = attend(qb, k, v, j * bk, bk, q0, (m, l, acc), false, c);
+    }
+    if c.causal {
+        for j in blocks.to..blocks.upper {
+            (m, l, acc) = attend(qb, k, v, j * bk, bk, q0, (m, l, acc), true, c);
         }
     }
     if tail > 0 {
@@ -126,7 +180,7 @@ pub(crate) fn flash_attention_fwd(
             tail,
             q0,
             (m, l, acc),
-            c.causal,
+            masked(c),
             c,
         );
     }

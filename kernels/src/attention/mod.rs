@@ -1,5 +1,6 @@
-//! FlashAttention forward and backward, with causal masking, GQA/MQA, ragged
-//! sequence lengths and f32 or bf16 inputs (f32 accumulation).
+//! FlashAttention forward and backward, with causal masking, sliding windows, logit
+//! soft-capping, GQA/MQA, ragged sequence lengths and f32 or bf16 inputs (f32
+//! accumulation).
 
 mod bwd;
 mod fwd;
@@ -13,7 +14,11 @@ use crate::{BoxError, Exec, Op, ParamDef, Params, Tolerance};
 /// Shapes and options of an attention call. q/o are `[batch, heads, q_len, head_dim]`,
 /// k/v `[batch, kv_heads, kv_len, head_dim]`; query head `h` reads kv head
 /// `h / (heads / kv_heads)`. Causal masking is top-left aligned, as in PyTorch's
-/// `scaled_dot_product_attention(is_causal=True)`: query `i` sees keys `j <= i`.
+/// `scaled_dot_product_attention(is_causal=True)`: query `i` sees keys `j <= i`. A
+/// sliding window of left size `w` (FlashAttention's `window_size=(w, ..)`) hides keys
+/// `j < i - w`, so with `causal` query `i` sees `w + 1` keys (Mistral's `sliding_window`
+/// is `w + 1`). Soft-capping (Gemma 2) replaces each scaled score `s` by
+/// `softcap * tanh(s / softcap)` before masking and softmax.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttentionConfig {
     /// Batch.
@@ -36,6 +41,10 @@ pub struct AttentionConfig {
     pub causal: bool,
     /// Score scale (default `1 / sqrt(head_dim)`).
     pub scale: f64,
+    /// Sliding window: query `i` sees no key before `i - window`.
+    pub window: Option<u64>,
+    /// Logit soft-cap: scores become `softcap * tanh(score / softcap)`.
+    pub softcap: Option<f64>,
     /// Input and output dtype (f32 or bf16).
     pub dtype: DType,
 }
@@ -92,6 +101,16 @@ const PARAMS: &[ParamDef] = &[
         help: "score scale (none: 1/sqrt(head_dim))",
     },
     ParamDef {
+        name: "window",
+        default: "none",
+        help: "sliding window: query i sees no key before i - window",
+    },
+    ParamDef {
+        name: "softcap",
+        default: "none",
+        help: "logit soft-cap: scores become softcap * tanh(score / softcap)",
+    },
+    ParamDef {
         name: "dtype",
         default: "f32",
         help: "f32 or bf16 (f32 accumulation)",
@@ -112,6 +131,10 @@ impl AttentionConfig {
             return Err(format!("`head_dim` must be in 1..=256, got {head_dim}").into());
         }
         let (q_len, kv_len) = (p.dim("q_len")?, p.dim("kv_len")?);
+        let softcap = p.float_opt("softcap")?;
+        if let Some(cap) = softcap.filter(|cap| *cap <= 0.0) {
+            return Err(format!("`softcap` must be positive, got {cap}").into());
+        }
         Ok(AttentionConfig {
             batch: p.dim("batch")?,
             heads,
@@ -125,12 +148,46 @@ impl AttentionConfig {
             scale: p
                 .float_opt("scale")?
                 .unwrap_or(1.0 / (head_dim as f64).sqrt()),
+            window: p.count_opt("window")?,
+            softcap,
             dtype: p.dtype("dtype", &[DType::F32, DType::BF16])?,
         })
     }
 
     fn group(&self) -> u64 {
         self.heads / self.kv_heads
+    }
+
+    /// Whether query `i` may see key `j`.
+    fn visible(&self, i: usize, j: usize) -> bool {
+        !(self.causal && j > i) && self.window.is_none_or(|w| j as u64 + w >= i as u64)
+    }
+
+    /// How many (query, key) pairs of one head the masks leave visible.
+    fn visible_pairs(&self) -> u64 {
+        (0..self.q_len)
+            .map(|i| {
+                let end = if self.causal {
+                    (i + 1).min(self.kv_len)
+                } else {
+                    self.kv_len
+                };
+                let start = self.window.map_or(0, |w| i.saturating_sub(w));
+                end.saturating_sub(start)
+            })
+            .sum()
+    }
+
+    /// A scaled score after soft-capping, and its derivative with respect to the
+    /// scaled score.
+    fn capped(&self, s: f64) -> (f64, f64) {
+        match self.softcap {
+            Some(cap) => {
+                let t = (s / cap).tanh();
+                (cap * t, 1.0 - t * t)
+            }
+            None => (s, 1.0),
+        }
     }
 
     fn q_type(&self) -> TensorType {
@@ -269,6 +326,17 @@ impl AttentionConfig {
     }
 }
 
+/// Whether some scores are masked (causal or sliding window). A function, not a method:
+/// kernel code calls no methods on its compile-time parameters.
+fn masked(c: AttentionConfig) -> bool {
+    c.causal || c.window.is_some()
+}
+
+/// Whether a sliding window masks scores.
+fn windowed(c: AttentionConfig) -> bool {
+    c.window.is_some()
+}
+
 /// The f64 reference's forward results: `(o, lse, p)` with `p[b * heads + h]` the
 /// `[q_len, kv_len]` probabilities.
 pub type ReferenceForward = (Vec<f64>, Vec<f64>, Vec<Vec<f64>>);
@@ -294,17 +362,19 @@ pub fn reference_forward(
             for i in 0..sq {
                 let mut row: Vec<f64> = (0..sk)
                     .map(|j| {
-                        if c.causal && j > i {
-                            f64::NEG_INFINITY
+                        if c.visible(i, j) {
+                            c.capped(score(c, q, k, qo + i * d, ko + j * d)).0
                         } else {
-                            (0..d)
-                                .map(|t| q[qo + i * d + t] * k[ko + j * d + t])
-                                .sum::<f64>()
-                                * c.scale
+                            f64::NEG_INFINITY
                         }
                     })
                     .collect();
                 let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                if m == f64::NEG_INFINITY {
+                    // A query that sees no key (outside every window): output 0.
+                    lse[(b * c.heads as usize + h) * sq + i] = m;
+                    continue;
+                }
                 let sum: f64 = row.iter().map(|s| (s - m).exp()).sum();
                 lse[(b * c.heads as usize + h) * sq + i] = m + sum.ln();
                 for (j, s) in row.iter_mut().enumerate() {
@@ -319,6 +389,12 @@ pub fn reference_forward(
         }
     }
     Ok((o, lse, probs))
+}
+
+/// The scaled score of the query row starting at `q[qi]` and the key row at `k[kj]`.
+fn score(c: &AttentionConfig, q: &[f64], k: &[f64], qi: usize, kj: usize) -> f64 {
+    let d = c.head_dim as usize;
+    (0..d).map(|t| q[qi + t] * k[kj + t]).sum::<f64>() * c.scale
 }
 
 /// Plain f64 attention gradients `(dq, dk, dv)` for output gradient `d_o`.
@@ -349,7 +425,8 @@ pub fn reference_backward(
                     let dp: f64 = (0..d)
                         .map(|t| d_o[qo + i * d + t] * v[ko + j * d + t])
                         .sum();
-                    let ds = pij * (dp - delta) * c.scale;
+                    let dcap = c.capped(score(c, q, k, qo + i * d, ko + j * d)).1;
+                    let ds = pij * (dp - delta) * dcap * c.scale;
                     for t in 0..d {
                         dv[ko + j * d + t] += pij * d_o[qo + i * d + t];
                         dq[qo + i * d + t] += ds * k[ko + j * d + t];
@@ -398,13 +475,9 @@ impl Op for FlashAttention {
         tolerance_for(c.dtype, c.head_dim)
     }
 
+    /// Two dots over the (query, key) pairs the masks leave visible.
     fn flops(c: &Self::Config) -> f64 {
-        let full = 4.0 * (c.batch * c.heads * c.q_len * c.kv_len * c.head_dim) as f64;
-        if c.causal {
-            full / 2.0
-        } else {
-            full
-        }
+        4.0 * (c.batch * c.heads * c.head_dim) as f64 * c.visible_pairs() as f64
     }
 }
 
@@ -497,5 +570,39 @@ impl Op for FlashAttentionBwd {
 
     fn flops(c: &Self::Config) -> f64 {
         FlashAttention::flops(c) * 3.5
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The flop count's pair count agrees with the reference's visibility rule.
+    #[test]
+    fn visible_pairs_count_what_the_reference_sees() {
+        for (q_len, kv_len) in [(1, 1), (7, 3), (3, 7), (40, 40)] {
+            for causal in [false, true] {
+                for window in [None, Some(0), Some(2), Some(100)] {
+                    let pairs = [
+                        ("q_len", q_len.to_string()),
+                        ("kv_len", kv_len.to_string()),
+                        ("causal", causal.to_string()),
+                        (
+                            "window",
+                            window.map_or("none".into(), |w: u64| w.to_string()),
+                        ),
+                    ];
+                    let pairs: Vec<(&str, &str)> =
+                        pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                    let c = AttentionConfig::from_params(&Params::with(PARAMS, &pairs).unwrap())
+                        .unwrap();
+                    let brute = (0..q_len as usize)
+                        .flat_map(|i| (0..kv_len as usize).map(move |j| (i, j)))
+                        .filter(|&(i, j)| c.visible(i, j))
+                        .count() as u64;
+                    assert_eq!(c.visible_pairs(), brute, "{pairs:?}");
+                }
+            }
+        }
     }
 }

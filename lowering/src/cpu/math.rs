@@ -1,5 +1,5 @@
 //! Element-wise ops on registers: arithmetic, comparisons, casts, bf16/f16 rounding, and
-//! the polynomial `exp`.
+//! the polynomial `exp` and the `tanh` built on it.
 
 use super::*;
 
@@ -95,6 +95,7 @@ impl<'k> Emitter<'k> {
                 let x = &a[0];
                 match (op, in_dtype) {
                     (UnaryOp::Exp, _) => self.exp(x, width),
+                    (UnaryOp::Tanh, _) => self.tanh(x, width),
                     (UnaryOp::Neg, d) if d.is_float() => {
                         self.assign(&format!("arith.negf {x} : {t}"))
                     }
@@ -183,6 +184,46 @@ impl<'k> Emitter<'k> {
             }
             _ => x.to_string(),
         }
+    }
+
+    /// `tanh` on vectors (LLVM would call libm's `tanhf` lane by lane): for `|x| < 0.4`
+    /// its odd Taylor series to `x^15` (truncation below 1e-8 relative), else
+    /// `1 - 2 / (exp(2|x|) + 1)` with the polynomial [`Self::exp`] (error a few 1e-7
+    /// relative; `exp` overflowing to `inf` gives exactly 1), with the sign of `x`
+    /// restored. NaN passes through the `exp` branch.
+    fn tanh(&mut self, x: &str, width: u64) -> String {
+        let t = lanes_of("f32", width);
+        let st = select_type(width, &t);
+        let c = |e: &mut Self, v: f64| e.literal(DType::F32, v, width);
+        let a = self.assign(&format!("math.absf {x} : {t}"));
+        // Taylor: x * (1 + x^2 * (c1 + x^2 * (c2 + ...))).
+        let coefficients = [
+            -929_569.0 / 638_512_875.0,
+            21_844.0 / 6_081_075.0,
+            -1_382.0 / 155_925.0,
+            62.0 / 2_835.0,
+            -17.0 / 315.0,
+            2.0 / 15.0,
+            -1.0 / 3.0,
+            1.0,
+        ];
+        let a2 = self.assign(&format!("arith.mulf {a}, {a} : {t}"));
+        let mut p = c(self, coefficients[0]);
+        for &k in &coefficients[1..] {
+            let kc = c(self, k);
+            p = self.assign(&format!("math.fma {p}, {a2}, {kc} : {t}"));
+        }
+        let series = self.assign(&format!("arith.mulf {p}, {a} : {t}"));
+        let two_a = self.assign(&format!("arith.addf {a}, {a} : {t}"));
+        let e = self.exp(&two_a, width);
+        let (one, two) = (c(self, 1.0), c(self, 2.0));
+        let e1 = self.assign(&format!("arith.addf {e}, {one} : {t}"));
+        let q = self.assign(&format!("arith.divf {two}, {e1} : {t}"));
+        let far = self.assign(&format!("arith.subf {one}, {q} : {t}"));
+        let limit = c(self, 0.4);
+        let near = self.assign(&format!("arith.cmpf olt, {a}, {limit} : {t}"));
+        let r = self.assign(&format!("arith.select {near}, {series}, {far} : {st}"));
+        self.assign(&format!("math.copysign {r}, {x} : {t}"))
     }
 
     /// `exp` as a degree-6 polynomial on `x - n ln2` scaled by `2^n` (Cephes `expf`):

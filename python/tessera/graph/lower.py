@@ -96,10 +96,12 @@ def kernel_call(node: torch.fx.Node) -> KernelCall:
         return _row_call("swiglu", args[0], {}, n_matrices=2)
     if name in ("flash_attention", "flash_attention_fwd", "flash_attention_bwd"):
         q, k, v = args[:3]
-        rest = args[4:] if name == "flash_attention_bwd" else args[3:]
-        is_causal = rest[0] if rest else node.kwargs.get("is_causal", False)
-        scale = rest[1] if len(rest) > 1 else node.kwargs.get("scale")
-        params = _attention_params(q, k, v, is_causal, scale)
+        # Every argument by its schema name, defaults filled in.
+        named = {a.name: a.default_value for a in node.target._schema.arguments}
+        named.update(zip(named, args))
+        named.update(node.kwargs)
+        params = _attention_params(q, k, v, named.get("is_causal", False), named.get("scale"),
+                                   named["window"], named["softcap"])
         dt = params["dtype"]
         if name == "flash_attention_bwd":
             ins = [(i, list(t.shape)) for i, t in enumerate(args[:4])]
