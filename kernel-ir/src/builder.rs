@@ -237,6 +237,12 @@ impl KernelBuilder {
         );
     }
 
+    /// Prints `message` and `values` with the program id (on the interpreter and native).
+    pub fn debug_print(&mut self, message: impl Into<String>, values: Vec<Value>) {
+        let message = message.into();
+        self.push(OpKind::DebugPrint { message, values }, vec![]);
+    }
+
     /// Broadcasts `x` into `shape`, operand dim `i` going to result dim `dims[i]`.
     pub fn broadcast(&mut self, x: Value, dims: Vec<usize>, shape: Vec<u64>) -> Value {
         let ty = TensorType::new(self.type_of(x).dtype, shape);
@@ -560,7 +566,7 @@ fn yielded(region: &Region) -> &[Value] {
 
 fn expected_results(kind: &OpKind) -> usize {
     match kind {
-        OpKind::Store { .. } | OpKind::Yield { .. } => 0,
+        OpKind::Store { .. } | OpKind::Yield { .. } | OpKind::DebugPrint { .. } => 0,
         OpKind::For { inits, .. } => inits.len(),
         _ => 1,
     }

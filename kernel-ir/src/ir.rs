@@ -716,6 +716,14 @@ pub enum OpKind {
         /// The values passed out.
         values: Vec<Value>,
     },
+    /// Prints `message` and the values with the program id, on the backends that can
+    /// print (the interpreter, native); the XLA and Mosaic lowerings drop it.
+    DebugPrint {
+        /// Text printed before the values.
+        message: String,
+        /// The values printed (any types).
+        values: Vec<Value>,
+    },
 }
 
 impl OpKind {
@@ -741,6 +749,7 @@ impl OpKind {
             OpKind::For { .. } => "for",
             OpKind::If { .. } => "if",
             OpKind::Yield { .. } => "yield",
+            OpKind::DebugPrint { .. } => "debug_print",
         }
     }
 
@@ -818,7 +827,7 @@ impl OpKind {
                 .chain(inits.iter().copied())
                 .collect(),
             OpKind::If { cond, .. } => vec![*cond],
-            OpKind::Yield { values } => values.clone(),
+            OpKind::Yield { values } | OpKind::DebugPrint { values, .. } => values.clone(),
         }
     }
 }

@@ -41,6 +41,7 @@ enum Tok {
     Ident(String),
     Int(u64),
     Float(f64),
+    Str(String),
     Punct(char),
     Arrow,
     Eof,
@@ -54,6 +55,7 @@ impl fmt::Display for Tok {
             Tok::Ident(s) => write!(f, "`{s}`"),
             Tok::Int(i) => write!(f, "`{i}`"),
             Tok::Float(x) => write!(f, "`{x:?}`"),
+            Tok::Str(s) => write!(f, "`{}`", quote(s)),
             Tok::Punct(c) => write!(f, "`{c}`"),
             Tok::Arrow => f.write_str("`->`"),
             Tok::Eof => f.write_str("end of input"),
@@ -160,6 +162,10 @@ fn lex(text: &str) -> Result<Vec<Lexed>, ParseError> {
                         .map_err(|_| err(format!("integer `{s}` is too large")))?,
                 )
             }
+        } else if c == '"' {
+            let (text, len) = unquote(&chars[i..]).map_err(err)?;
+            advance(len, &mut i);
+            Tok::Str(text)
         } else if c == '-' && chars.get(i + 1) == Some(&'>') {
             advance(2, &mut i);
             Tok::Arrow
@@ -181,6 +187,43 @@ fn lex(text: &str) -> Result<Vec<Lexed>, ParseError> {
         column: col,
     });
     Ok(out)
+}
+
+/// A string in the text form: in double quotes, with `\\`, `\"` and `\n` escaped.
+pub(crate) fn quote(s: &str) -> String {
+    let escaped = s
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n");
+    format!("\"{escaped}\"")
+}
+
+/// The string that starts `chars` (at its opening quote) and how many chars it spans.
+fn unquote(chars: &[char]) -> Result<(String, usize), String> {
+    let mut out = String::new();
+    let mut i = 1;
+    loop {
+        match chars.get(i) {
+            None | Some('\n') => return Err("unterminated string".into()),
+            Some('"') => return Ok((out, i + 1)),
+            Some('\\') => {
+                out.push(match chars.get(i + 1) {
+                    Some('\\') => '\\',
+                    Some('"') => '"',
+                    Some('n') => '\n',
+                    other => {
+                        let got = other.map_or("end of input".into(), |c| format!("`\\{c}`"));
+                        return Err(format!("bad escape {got} (use \\\\, \\\" or \\n)"));
+                    }
+                });
+                i += 2;
+            }
+            Some(&c) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
 }
 
 /// Parses and verifies a kernel. Syntax errors come back as [`crate::Error::Parse`],
@@ -765,6 +808,17 @@ impl Parser {
                     },
                     vec![],
                 ))
+            }
+            "debug_print" => {
+                let message = match self.next() {
+                    Tok::Str(s) => s,
+                    _ => {
+                        self.pos -= 1;
+                        return Err(self.expected("a quoted message"));
+                    }
+                };
+                let values = self.list(|p| p.use_value())?;
+                Ok((OpKind::DebugPrint { message, values }, vec![]))
             }
             "broadcast" => {
                 let x = self.use_value()?;

@@ -311,6 +311,10 @@ fn op_line(kernel: &Kernel, namer: &Namer, op: &Op) -> String {
             }
             format!("{s} : {result_ty}")
         }
+        OpKind::DebugPrint { message, values } => {
+            let vs: Vec<String> = values.iter().map(n).collect();
+            format!("{m} {} [{}]", crate::parse::quote(message), vs.join(", "))
+        }
         OpKind::For {
             lower,
             upper,

@@ -17,7 +17,7 @@ fn spec(shape: [u64; 2]) -> BlockSpecFn {
 /// transposed), loads of whole blocks, static and dynamic slices, a single row and
 /// masked lanes, plain and masked stores, an `if` with a result, a `for` with a carried
 /// value, `select`, casts between bool, i32, bf16 and f32, `iota`, `program_id`,
-/// `num_programs`. Outputs: `f32[16, 8]`, `i32[16, 8]`.
+/// `num_programs`, `debug_print`. Outputs: `f32[16, 8]`, `i32[16, 8]`.
 pub fn op_zoo() -> Kernel {
     let f = TensorType::new(DType::F32, [16, 8]);
     let i = TensorType::new(DType::I32, [16, 8]);
@@ -27,6 +27,7 @@ pub fn op_zoo() -> Kernel {
         // Windows: rows [2, 6), rows [pid, pid + 4), row 3, masked lanes.
         let rows = x.load(s![ds(2, 4), ..]).sum(0) + x.load(s![ds(pid, 4), ..]).max(0);
         let row = x.load(s![3, ..]) + rows;
+        debug_print!("op_zoo row:", pid, row, row.gt(0.0));
         let masked = x.load_masked(s![.., ..], v.gt(0.0), -1.0);
         let gram = v.dot(masked.t()) * 0.125 + dot_general(v, v, false, true) * 0.0625;
         let v = v + gram.reshape([64]).reshape([8, 8]) + row.expand_dims(0);
@@ -189,7 +190,8 @@ mod tests {
                 | OpKind::Dot { .. }
                 | OpKind::For { .. }
                 | OpKind::If { .. }
-                | OpKind::Yield { .. } => {}
+                | OpKind::Yield { .. }
+                | OpKind::DebugPrint { .. } => {}
             }
         }
         let structural = [
@@ -209,6 +211,7 @@ mod tests {
             "for",
             "if",
             "yield",
+            "debug_print",
             "index.full",
             "index.at",
             "index.slice.static",

@@ -51,6 +51,27 @@ fn syntax_errors_have_positions() {
 }
 
 #[test]
+fn debug_print_messages_round_trip_and_bad_strings_are_named() {
+    let base = print_kernel(&add_one(16, 128, 8));
+    let with_print = base.replace(
+        "store %out0[:, :], %2",
+        "debug_print \"a \\\"b\\\" \\\\ c\\nd\" [%0, %2]\n    store %out0[:, :], %2",
+    );
+    let k = parse_kernel(&with_print).unwrap_or_else(|e| panic!("{e}\n{with_print}"));
+    let printed = print_kernel(&k);
+    assert_eq!(print_kernel(&parse_kernel(&printed).unwrap()), printed);
+    let message = k.body.ops.iter().find_map(|op| match &op.kind {
+        kernel_ir::OpKind::DebugPrint { message, .. } => Some(message.clone()),
+        _ => None,
+    });
+    assert_eq!(message.as_deref(), Some("a \"b\" \\ c\nd"));
+    let e = parse_err(&with_print.replace("\\nd", "\\td"));
+    assert!(e.contains("bad escape `\\t`"), "{e}");
+    let e = parse_err(&with_print.replace("c\\nd\"", "c"));
+    assert!(e.contains("unterminated string"), "{e}");
+}
+
+#[test]
 fn type_errors_name_the_op_and_types() {
     let base = print_kernel(&add_one(16, 128, 8));
     let e = parse_err(&base.replace(

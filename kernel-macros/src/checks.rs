@@ -18,7 +18,14 @@ const COMPTIME_METHODS: &[&str] = &[
 ];
 
 /// Macros that may appear in kernels.
-const MACROS: &[&str] = &["s", "vec", "assert", "assert_eq", "debug_assert"];
+const MACROS: &[&str] = &[
+    "s",
+    "debug_print",
+    "vec",
+    "assert",
+    "assert_eq",
+    "debug_assert",
+];
 
 /// Path roots whose functions are plain Rust, not kernel code.
 const FOREIGN_ROOTS: &[&str] = &[
@@ -96,7 +103,7 @@ pub fn unsupported_macro(mac: &Macro) -> Option<syn::Error> {
         &mac.path,
         format!(
             "macro `{name}!` cannot run inside a kernel: the body is traced into IR, so only \
-             `s![...]` (slices) and compile-time `vec!`/`assert!` are supported"
+             `s![...]` (slices), `debug_print!` and compile-time `vec!`/`assert!` are supported"
         ),
     ))
 }

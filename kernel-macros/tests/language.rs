@@ -89,6 +89,7 @@ fn comptime_control(x: Ref, o: Ref, #[comptime] double: bool, #[comptime] times:
     if double {
         v *= 2.0;
     }
+    debug_print!("doubled:", v);
     #[unroll]
     for _ in 0..times {
         v += 1.0;
@@ -116,6 +117,7 @@ fn comptime_branches_and_unrolled_loops_specialise() {
     let text = print_kernel(&k);
     assert!(!text.contains("if ") && !text.contains("for "), "{text}");
     assert_eq!(text.matches(" = add ").count(), 3, "{text}");
+    assert!(text.contains("debug_print \"doubled:\" [%"), "{text}");
     let x = Array::from_f32(DType::F32, [8], vec![1.0; 8]).unwrap();
     let out = interpret(&k, std::slice::from_ref(&x), &InterpretOptions::default()).unwrap();
     assert_eq!(out[0].as_f32().unwrap(), &[5.0; 8]);

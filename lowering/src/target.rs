@@ -3,8 +3,9 @@
 //! it, through one fallible entry. Callers that pick a target by name use [`Target`].
 
 use std::fmt;
+use std::sync::Once;
 
-use kernel_ir::Kernel;
+use kernel_ir::{Kernel, OpKind};
 
 use crate::cpu::CpuModule;
 use crate::tpu_rules::{TpuLimits, TpuRuleError};
@@ -69,7 +70,27 @@ impl Lowering for StableHlo {
         Ok(())
     }
     fn lower(&self, kernel: &Kernel) -> Result<String, LowerError> {
+        static WARNED: Once = Once::new();
+        warn_dropped_prints(kernel, "XLA", &WARNED);
         Ok(crate::stablehlo::lower(kernel))
+    }
+}
+
+/// Warns, once per process and target, that the target drops `kernel`'s
+/// `debug_print`s (StableHLO has no print; Mosaic's prints need a TPU to show).
+fn warn_dropped_prints(kernel: &Kernel, target: &str, warned: &'static Once) {
+    let mut prints = 0;
+    kernel.body.walk(&mut |op| {
+        prints += usize::from(matches!(op.kind, OpKind::DebugPrint { .. }));
+    });
+    if prints > 0 {
+        warned.call_once(|| {
+            eprintln!(
+                "warning: tessera: the {target} lowering drops debug_print ({prints} in \
+                 `{}`); run on the interpreter or the native backend to see them",
+                kernel.name
+            )
+        });
     }
 }
 
@@ -88,6 +109,8 @@ impl Lowering for Mosaic {
         Ok(crate::tpu_rules::check(kernel, &self.limits)?)
     }
     fn lower(&self, kernel: &Kernel) -> Result<String, LowerError> {
+        static WARNED: Once = Once::new();
+        warn_dropped_prints(kernel, "Mosaic", &WARNED);
         Ok(if self.body_only {
             crate::mosaic::lower_body(kernel, &self.limits)?
         } else {

@@ -204,7 +204,8 @@ fn check_passes(name: &str, overrides: &str) -> bool {
 }
 
 /// An element-wise op no library kernel uses (`erf`, for exact GELU) lowers to a body
-/// that jaxlib's `tpu` dialect verifies and libtpu compiles for v5e.
+/// that jaxlib's `tpu` dialect verifies and libtpu compiles for v5e; its `debug_print`
+/// is dropped.
 #[test]
 fn erf_verifies_and_compiles_for_v5e() {
     let kernel = kernel_ir::parse_kernel(
@@ -212,10 +213,12 @@ fn erf_verifies_and_compiles_for_v5e() {
          in %x : f32[16, 128] block [8, 128] map (i0) -> (i0, 0) vmem\n\
          out %o : f32[16, 128] block [8, 128] map (i0) -> (i0, 0) vmem\n\
          body {\n%0 = load %x[:, :] : f32[8, 128]\n%1 = erf %0 : f32[8, 128]\n\
-         store %o[:, :], %1\n}\n}",
+         debug_print \"erf \\\"x\\\":\" [%0, %1]\nstore %o[:, :], %1\n}\n}",
     )
     .unwrap();
+    assert!(kernel_ir::print_kernel(&kernel).contains(r#"debug_print "erf \"x\":" ["#));
     let text = mosaic::lower(&kernel, &TpuLimits::default()).unwrap();
+    assert!(!text.contains("erf \\\"x"), "the print is dropped");
     assert!(text.contains("stablehlo.custom_call @tpu_custom_call"));
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("erf.mosaic.mlir"), text).unwrap();

@@ -10,8 +10,9 @@ use std::ffi::c_void;
 use std::sync::{Arc, Mutex, Once, OnceLock};
 use std::time::Instant;
 
+use kernel_ir::ops::format_debug_print;
 use kernel_ir::{try_vec, Array, ArrayData, DType, Kernel, RefKind, RunError};
-use lowering::cpu::CpuModule;
+use lowering::cpu::{CpuModule, DebugPrintSite};
 use lowering::Lowering;
 use melior::dialect::DialectRegistry;
 use melior::ir::Module;
@@ -136,7 +137,10 @@ impl Compiler for JitCompiler {
                 messages()
             ));
         }
-        for (name, address) in float_conversions() {
+        for (name, address) in float_conversions().into_iter().chain([(
+            lowering::cpu::DEBUG_PRINT_SYMBOL,
+            debug_print as *mut c_void,
+        )]) {
             // SAFETY: a live engine; the address is a function with the runtime
             // library's signature for `name`.
             unsafe { mlirExecutionEngineRegisterSymbol(engine, string_ref(name), address) };
@@ -181,6 +185,43 @@ fn float_conversions() -> [(&'static str, *mut c_void); 3] {
         ("__truncsfhf2", truncsfhf2 as *mut c_void),
         ("__extendhfsf2", extendhfsf2 as *mut c_void),
     ]
+}
+
+/// Prints one `debug_print` of a running kernel (the call the CPU lowering emits):
+/// `context` is the address of the module's [`DebugPrintSite`] table (see [`run`]),
+/// `slots` the program ids and one f32 buffer address per value. Formats like the
+/// interpreter; never unwinds into the JIT'd code.
+extern "C" fn debug_print(context: u64, site: u64, slots: *const u64) {
+    let _ = std::panic::catch_unwind(|| {
+        // SAFETY: `run` passes the address of a table that outlives the call.
+        let sites = unsafe { &*(context as *const Vec<DebugPrintSite>) };
+        let Some(site) = sites.get(site as usize) else {
+            return;
+        };
+        // SAFETY: the emitted code stores this many words in `slots`.
+        let slots = unsafe { std::slice::from_raw_parts(slots, site.programs + site.values.len()) };
+        let arrays: Vec<Array> = site
+            .values
+            .iter()
+            .zip(&slots[site.programs..])
+            .filter_map(|(ty, &address)| {
+                let n = ty.num_elements() as usize;
+                // SAFETY: the emitted code wrote the value's elements there as f32.
+                let data = unsafe { std::slice::from_raw_parts(address as *const f32, n) };
+                let data = match ty.dtype {
+                    DType::I32 => ArrayData::Int(data.iter().map(|&x| x as i32).collect()),
+                    DType::Bool => ArrayData::Bool(data.iter().map(|&x| x != 0.0).collect()),
+                    _ => ArrayData::Float(data.to_vec()),
+                };
+                Array::new(ty.clone(), data).ok()
+            })
+            .collect();
+        let arrays: Vec<&Array> = arrays.iter().collect();
+        eprintln!(
+            "{}",
+            format_debug_print(&site.message, &slots[..site.programs], &arrays)
+        );
+    });
 }
 
 /// The process-wide native backend.
@@ -542,9 +583,13 @@ unsafe fn execute_raw(
         for d in &mut descriptors {
             ptrs.extend(d.iter_mut().map(|w| w as *mut u64 as *mut c_void));
         }
+        let mut context = &module.debug_prints as *const Vec<DebugPrintSite> as u64;
+        if !module.debug_prints.is_empty() {
+            ptrs.push(&mut context as *mut u64 as *mut c_void);
+        }
         // SAFETY: the arguments match the function's signature (three indices, one
-        // descriptor per memref of the padded shapes, the fault word), and the buffers
-        // are that large.
+        // descriptor per memref of the padded shapes, the fault word, the print table's
+        // address when it prints), and the buffers are that large.
         unsafe { (exe.entry)(ptrs.as_mut_ptr()) };
     };
     if workers == 1 {

@@ -95,6 +95,75 @@ fn tanh_matches_libm_across_both_branches() {
     }
 }
 
+/// A kernel that prints in a loop on a 2-d grid: an i32 scalar, f32 and bool tensors.
+fn printing_kernel() -> kernel_ir::Kernel {
+    let ty = TensorType::new(DType::F32, [4, 8]);
+    pallas_call(|x: Ref, o: Ref| {
+        let v = x.read();
+        let acc = for_range(0, 2, 1, v, |j, acc| {
+            kernel_ir::debug_print!("step", j, acc.sum(1), acc.gt(0.5));
+            acc * 2.0
+        });
+        o.write(acc);
+    })
+    .grid([2, 3])
+    .input(
+        ty.clone(),
+        block_spec([2, 8], |i| vec![i[0].clone(), 0.into()]),
+    )
+    .output(ty, block_spec([2, 8], |i| vec![i[0].clone(), 0.into()]))
+    .build()
+    .unwrap()
+}
+
+/// Child side of [`native_debug_prints_match_the_interpreter`]: runs the printing
+/// kernel on the backend named by `TESSERA_PRINT_CHILD`.
+#[test]
+fn print_child() {
+    let Ok(backend) = std::env::var("TESSERA_PRINT_CHILD") else {
+        return;
+    };
+    let backend = if backend == "native" {
+        Backend::Native
+    } else {
+        Backend::Interp
+    };
+    let x: Vec<f32> = (0..32).map(|i| i as f32 / 16.0).collect();
+    runtime::run(&printing_kernel(), &[f32_array([4, 8], x)], backend).unwrap();
+}
+
+#[test]
+fn native_debug_prints_match_the_interpreter() {
+    let lines = |backend: &str| {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "print_child", "--nocapture", "--test-threads=1"])
+            .env("TESSERA_PRINT_CHILD", backend)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut lines: Vec<String> = String::from_utf8_lossy(&out.stderr)
+            .lines()
+            .filter(|l| l.starts_with("[program"))
+            .map(String::from)
+            .collect();
+        // Programs of the parallel axis may run on different threads.
+        lines.sort();
+        lines
+    };
+    let (interp, native) = (lines("interp"), lines("native"));
+    assert_eq!(interp.len(), 12, "{interp:#?}");
+    assert_eq!(interp, native);
+    assert_eq!(
+        interp[0],
+        "[program (0, 0)] step 0 f32[2] [1.75, 5.75] bool[2,8] [false, false, false, false, \
+         false, false, false, false, false, true, true, true, true, true, true, true]"
+    );
+}
+
 #[test]
 fn loops_that_swap_carried_tensors_match_the_interpreter() {
     let ty = TensorType::new(DType::F32, [4, 8]);

@@ -33,8 +33,8 @@ pub use control::{
 };
 pub use refs::{ds, Ds, Ref, SliceArg, SliceStart, REF_METHODS};
 pub use tensor::{
-    dot_general, full, index, iota, num_programs, program_id, select, zeros, Operand, Tensor,
-    TENSOR_METHODS,
+    debug_print, dot_general, full, index, iota, num_programs, program_id, select, zeros, Operand,
+    Tensor, TENSOR_METHODS,
 };
 
 use crate::builder::KernelBuilder;
@@ -52,8 +52,18 @@ pub mod prelude {
     };
     pub use crate as kernel_ir;
     pub use crate::ir::{DimSemantics, IndexExpr, Kernel};
-    pub use crate::s;
     pub use crate::types::{DType, TensorType};
+    pub use crate::{debug_print, s};
+}
+
+/// Prints a message and kernel values with the program id while the kernel runs (on the
+/// interpreter and the native backend): `debug_print!("m, l =", m, l)`. Each value
+/// prints its first 16 elements.
+#[macro_export]
+macro_rules! debug_print {
+    ($message:expr $(, $value:expr)* $(,)?) => {
+        $crate::dsl::debug_print($message, &[$($value),*])
+    };
 }
 
 /// Called first by every `#[kernel]` body: names the kernel and its refs after the

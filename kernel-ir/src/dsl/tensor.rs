@@ -574,6 +574,15 @@ pub fn zeros(shape: impl Into<Vec<u64>>, dtype: DType) -> Tensor {
     full(shape, 0.0, dtype)
 }
 
+/// Prints `message` and `values` with the program id when the kernel runs on the
+/// interpreter or the native backend; the XLA and Mosaic lowerings drop it (with a
+/// warning). Kernels write [`debug_print!`](crate::debug_print).
+#[track_caller]
+pub fn debug_print(message: &str, values: &[Tensor]) {
+    let values = values.iter().map(|t| t.value()).collect();
+    with_builder(Location::caller(), |b| b.debug_print(message, values));
+}
+
 /// An i32 scalar constant (for loop bounds and index math).
 #[track_caller]
 pub fn index(value: i64) -> Tensor {

@@ -392,6 +392,11 @@ impl<'k> Program<'k, '_> {
                 self.bind(op, values);
             }
             OpKind::Yield { .. } => unreachable!("handled by region()"),
+            OpKind::DebugPrint { message, values } => {
+                let arrays: Vec<Rc<Array>> = values.iter().map(|&v| self.get(v)).collect();
+                let arrays: Vec<&Array> = arrays.iter().map(Rc::as_ref).collect();
+                eprintln!("{}", ops::format_debug_print(message, self.pids, &arrays));
+            }
             kind => {
                 let cx = ops::EvalCx {
                     operand: &|v| self.get(v),

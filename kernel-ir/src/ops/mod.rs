@@ -12,8 +12,10 @@
 //! | [`dot`](OpFamily::Dot) | `dot` | here |
 //! | [`memory`](OpFamily::Memory) | `load`, `store` | the [`WindowDim`] plan here; `interp/window.rs` reads and writes it |
 //! | [`control`](OpFamily::Control) | `for`, `if`, `yield` | the interpreter's region loop |
+//! | [`debug`](OpFamily::Debug) | `debug_print` | the formatting here; the interpreter prints |
 
 mod control;
+mod debug;
 mod dot;
 mod elementwise;
 mod layout;
@@ -27,6 +29,7 @@ use crate::array::Array;
 use crate::ir::{Kernel, OpKind, RefDecl, RefId, Value};
 use crate::types::{DType, TensorType};
 
+pub use debug::{format_debug_print, DEBUG_PRINT_ELEMENTS};
 pub use dot::accumulator_dtype;
 pub use elementwise::{floor_div, floor_rem};
 pub use memory::{window_plan, WindowDim, WindowStart};
@@ -48,6 +51,8 @@ pub enum OpFamily {
     Memory,
     /// `for`, `if` and the `yield` that ends their regions.
     Control,
+    /// `debug_print`: output for the developer, no effect on the results.
+    Debug,
 }
 
 /// What an op declares about itself; other code asks these instead of listing ops.
@@ -91,6 +96,7 @@ impl OpKind {
             OpKind::Dot { .. } => OpFamily::Dot,
             OpKind::Load { .. } | OpKind::Store { .. } => OpFamily::Memory,
             OpKind::For { .. } | OpKind::If { .. } | OpKind::Yield { .. } => OpFamily::Control,
+            OpKind::DebugPrint { .. } => OpFamily::Debug,
         }
     }
 
@@ -103,6 +109,7 @@ impl OpKind {
             OpFamily::Elementwise => elementwise::TRAITS,
             OpFamily::Memory => memory::traits(self),
             OpFamily::Control => control::traits(self),
+            OpFamily::Debug => debug::TRAITS,
         }
     }
 
@@ -189,6 +196,7 @@ pub(crate) fn infer(
         OpFamily::Dot => dot::infer(&cx, op),
         OpFamily::Memory => memory::infer(&cx, op),
         OpFamily::Control => control::infer(&cx, op),
+        OpFamily::Debug => debug::infer(&cx, op),
     }
 }
 
@@ -213,7 +221,7 @@ pub(crate) fn eval(op: &OpKind, cx: &EvalCx) -> Result<Array, String> {
         OpFamily::Layout => Ok(layout::eval(op, cx)),
         OpFamily::Reduce => Ok(reduce::eval(op, cx)),
         OpFamily::Dot => Ok(dot::eval(op, cx)),
-        OpFamily::Memory | OpFamily::Control => {
+        OpFamily::Memory | OpFamily::Control | OpFamily::Debug => {
             unreachable!("`{}` is run by the interpreter itself", op.mnemonic())
         }
     }

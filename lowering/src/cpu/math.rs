@@ -160,7 +160,7 @@ impl<'k> Emitter<'k> {
         }
     }
 
-    fn cast(&mut self, x: &str, from: DType, to: DType, width: u64) -> String {
+    pub(super) fn cast(&mut self, x: &str, from: DType, to: DType, width: u64) -> String {
         let (ft, tt) = (lanes_of(reg(from), width), lanes_of(reg(to), width));
         match (from.is_float(), to.is_float(), from, to) {
             (true, true, ..) => x.to_string(),

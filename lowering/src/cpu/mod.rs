@@ -35,9 +35,12 @@ use crate::text::{
 };
 
 mod control;
+mod debug;
 mod dot;
 mod math;
 mod memory;
+
+pub use debug::{DebugPrintSite, DEBUG_PRINT_SYMBOL};
 
 /// Lanes per vector: 256-bit AVX2 registers of 32-bit elements.
 const LANES: u64 = 8;
@@ -69,6 +72,11 @@ pub struct CpuModule {
     /// dynamic index of access `fault_sites[i]` fell outside its block (the access then
     /// read or wrote the block's start instead); 0 when none did.
     pub fault_sites: Vec<String>,
+    /// The module's `debug_print`s, by the site number their calls pass. When there are
+    /// any, the function takes one more argument, `%debug: i64`, after `%fault`: the
+    /// context word the calls hand to [`DEBUG_PRINT_SYMBOL`] (the runtime passes the
+    /// address of this table).
+    pub debug_prints: Vec<DebugPrintSite>,
 }
 
 /// Why a kernel cannot be compiled to native code, if it cannot.
@@ -128,6 +136,7 @@ pub fn lower(kernel: &Kernel) -> CpuModule {
             dot
         },
         fault_sites: std::mem::take(&mut e.fault_sites),
+        debug_prints: std::mem::take(&mut e.debug_prints),
     }
 }
 
@@ -272,6 +281,8 @@ struct Emitter<'k> {
     fault_sites: Vec<String>,
     /// Element-wise results computed where they are read (see [`fusible`]).
     fused: std::collections::HashSet<Value>,
+    /// The `debug_print`s emitted so far.
+    debug_prints: Vec<DebugPrintSite>,
 }
 
 impl<'k> Emitter<'k> {
@@ -291,6 +302,7 @@ impl<'k> Emitter<'k> {
             next_buffer: 0,
             fault_sites: Vec::new(),
             fused: fusible(k),
+            debug_prints: Vec::new(),
         }
     }
 
@@ -353,7 +365,13 @@ impl<'k> Emitter<'k> {
 
     /// A fresh buffer of `shape`, allocated once at the function entry.
     fn alloc(&mut self, shape: &[u64], dtype: DType) -> View {
-        let ty = memref_type(shape, storage(dtype));
+        self.alloc_elements(shape, storage(dtype))
+    }
+
+    /// A fresh buffer of `shape` and MLIR element type `elem`, allocated once at the
+    /// function entry.
+    fn alloc_elements(&mut self, shape: &[u64], elem: &str) -> View {
+        let ty = memref_type(shape, elem);
         let name = format!("%buf{}", self.next_buffer);
         self.next_buffer += 1;
         self.entry.push(format!(
@@ -419,6 +437,13 @@ impl<'k> Emitter<'k> {
         let body = self.w.take();
         let mut out = String::new();
         let _ = writeln!(out, "module {{");
+        if !self.debug_prints.is_empty() {
+            params.push("%debug: i64".into());
+            let _ = writeln!(
+                out,
+                "  func.func private @{DEBUG_PRINT_SYMBOL}(i64, i64, i64)"
+            );
+        }
         let _ = writeln!(
             out,
             "  func.func @{}({}) attributes {{llvm.emit_c_interface}} {{",
@@ -603,6 +628,10 @@ impl<'k> Emitter<'k> {
                 return;
             }
             OpKind::Yield { .. } => return,
+            OpKind::DebugPrint { message, values } => {
+                self.debug_print(message, values);
+                return;
+            }
         };
         self.values.insert(op.results[0], val);
     }

@@ -367,6 +367,8 @@ impl Emitter<'_> {
                 None => return,
             },
             OpFamily::Control => return self.control(op),
+            // Dropped, with a warning from `target.rs`.
+            OpFamily::Debug => return,
         };
         self.values.insert(op.results[0], value);
     }

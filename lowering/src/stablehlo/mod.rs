@@ -289,6 +289,8 @@ impl<'k> Emitter<'k> {
                 None => return,
             },
             OpFamily::Control => return self.control(op),
+            // Dropped, with a warning from `target.rs`.
+            OpFamily::Debug => return,
         };
         self.values.insert(op.results[0], value);
     }
