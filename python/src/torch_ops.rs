@@ -11,6 +11,7 @@
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::OnceLock;
 
 use runtime::Backend;
 
@@ -29,15 +30,42 @@ impl NativeOp {
         &self.schema[..self.schema.find('(').unwrap_or(0)]
     }
 
-    /// The argument types, in order (`Tensor`, `float`, `bool`, `Tensor?`, `float?`,
-    /// `int?`).
-    fn arg_types(&self) -> impl Iterator<Item = &'static str> {
+    /// The argument types, in order, read from the schema (`None` for a type the
+    /// kernels do not read).
+    fn parse_arg_types(&self) -> Vec<Option<ArgType>> {
         let start = self.schema.find('(').map_or(0, |i| i + 1);
         let end = self.schema.find(')').unwrap_or(start);
         self.schema[start..end]
             .split(',')
             .filter_map(|a| a.split_whitespace().next())
+            .map(|t| match t {
+                "Tensor" => Some(ArgType::Tensor),
+                "float" => Some(ArgType::Float),
+                "bool" => Some(ArgType::Bool),
+                "Tensor?" => Some(ArgType::OptionalTensor),
+                "float?" => Some(ArgType::OptionalFloat),
+                "int?" => Some(ArgType::OptionalInt),
+                _ => None,
+            })
+            .collect()
     }
+}
+
+/// The argument types the kernels read off the stack.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum ArgType {
+    Tensor,
+    Float,
+    Bool,
+    OptionalTensor,
+    OptionalFloat,
+    OptionalInt,
+}
+
+/// The argument types of `OPS[i]`, parsed from the schemas once.
+fn arg_types(i: usize) -> &'static [Option<ArgType>] {
+    static TYPES: OnceLock<Vec<Vec<Option<ArgType>>>> = OnceLock::new();
+    &TYPES.get_or_init(|| OPS.iter().map(NativeOp::parse_arg_types).collect())[i]
 }
 
 /// An argument read off the stack.
@@ -100,7 +128,7 @@ extern "C-unwind" fn boxed<const I: usize>(stack: *mut StableIValue, args: u64, 
     // SAFETY: PyTorch calls with a stack of `max(args, results)` values laid out by the
     // op's schema.
     let outcome = catch_unwind(AssertUnwindSafe(|| unsafe {
-        call(op, stack, args, results)
+        call(op, arg_types(I), stack, args, results)
     }));
     let message = match outcome {
         Ok(Ok(())) => return,
@@ -127,23 +155,32 @@ pub(crate) fn kernels() -> Vec<(&'static str, BoxedKernel)> {
 /// `stack` must hold `max(args, results)` values laid out by `op`'s schema.
 unsafe fn call(
     op: &NativeOp,
+    types: &[Option<ArgType>],
     stack: *mut StableIValue,
     args: u64,
     results: u64,
 ) -> Result<(), OpError> {
     let slots = std::slice::from_raw_parts_mut(stack, args.max(results) as usize);
-    let values: Vec<Value> = op
-        .arg_types()
+    let Some(types) = types.iter().copied().collect::<Option<Vec<ArgType>>>() else {
+        return Err(OpError::Failed(format!(
+            "tessera::{}: the schema has an argument type the kernel cannot read",
+            op.name()
+        )));
+    };
+    let values: Vec<Value> = types
+        .into_iter()
         .zip(slots.iter())
         .map(|(ty, &v)| match ty {
-            "Tensor" => Value::Tensor(Tensor::from_raw(v as Handle)),
-            "float" => Value::Float(f64::from_bits(v)),
-            "bool" => Value::Bool(v & 0xff != 0),
-            "Tensor?" => take_optional(v).map_or(Value::None, |h| {
+            ArgType::Tensor => Value::Tensor(Tensor::from_raw(v as Handle)),
+            ArgType::Float => Value::Float(f64::from_bits(v)),
+            ArgType::Bool => Value::Bool(v & 0xff != 0),
+            ArgType::OptionalTensor => take_optional(v).map_or(Value::None, |h| {
                 Value::Tensor(Tensor::from_raw(h as Handle))
             }),
-            "int?" => take_optional(v).map_or(Value::None, |i| Value::Int(i as i64)),
-            _ => take_optional(v).map_or(Value::None, |f| Value::Float(f64::from_bits(f))),
+            ArgType::OptionalInt => take_optional(v).map_or(Value::None, |i| Value::Int(i as i64)),
+            ArgType::OptionalFloat => {
+                take_optional(v).map_or(Value::None, |f| Value::Float(f64::from_bits(f)))
+            }
         })
         .collect();
     let outs = (op.run)(values)?;
@@ -753,4 +790,22 @@ fn convert(a: Arg, like: &Arg) -> Result<Arg, OpError> {
         dtype: like.dtype,
         ..a
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every schema argument has a type the kernels read.
+    #[test]
+    fn every_schema_argument_type_is_read() {
+        for (i, op) in OPS.iter().enumerate() {
+            assert!(
+                arg_types(i).iter().all(Option::is_some),
+                "{}: {:?}",
+                op.schema,
+                op.parse_arg_types()
+            );
+        }
+    }
 }

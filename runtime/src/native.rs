@@ -486,11 +486,8 @@ const SERIAL_DOT_BYTES: u64 = 16 << 10;
 
 /// How many threads run the grid: all of the pool's, at most one per parallel program,
 /// and one for kernels too small to split.
-fn workers(io: &[&kernel_ir::RefDecl], module: &CpuModule) -> usize {
-    let bytes: u64 = io
-        .iter()
-        .map(|r| r.ty.byte_size().unwrap_or(u64::MAX))
-        .sum();
+fn workers(module: &CpuModule) -> usize {
+    let bytes = module.io_bytes;
     let threshold = if module.has_dot {
         SERIAL_DOT_BYTES
     } else {
@@ -556,7 +553,7 @@ unsafe fn execute_raw(
         ptrs.push(words.as_mut_ptr() as *mut c_void);
         copies.push(words);
     }
-    let workers = workers(&io, module);
+    let workers = workers(module);
     debug(|| {
         let how = if workers == 1 {
             "on the calling thread".to_string()

@@ -68,6 +68,9 @@ pub struct CpuModule {
     /// Whether the body contains a dot (more work per byte moved: worth splitting
     /// across threads sooner).
     pub has_dot: bool,
+    /// Bytes of all input and output arrays (unpadded; saturating), for the runtime's
+    /// choice of how many threads a run is worth.
+    pub io_bytes: u64,
     /// The last argument, `%fault: memref<1xi32>`, ends up holding `i + 1` when a
     /// dynamic index of access `fault_sites[i]` fell outside its block (the access then
     /// read or wrote the block's start instead); 0 when none did.
@@ -128,6 +131,12 @@ pub fn lower(kernel: &Kernel) -> CpuModule {
             .map(|(p, _)| p.clone())
             .collect(),
         parallel_programs: parallel_prefix(kernel).iter().product(),
+        io_bytes: kernel
+            .refs
+            .iter()
+            .filter(|r| r.kind != RefKind::Scratch)
+            .map(|r| r.ty.byte_size().unwrap_or(u64::MAX))
+            .fold(0, u64::saturating_add),
         has_dot: {
             let mut dot = false;
             kernel
