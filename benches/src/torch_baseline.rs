@@ -55,6 +55,7 @@ impl TorchBaseline {
                 )]
             },
             "flash_attention_bwd" => sdpa_backward,
+            "paged_attention" => gathered_sdpa,
             _ => return None,
         };
         Some(TorchBaseline {
@@ -139,6 +140,46 @@ fn sdpa_backward(t: &[Tensor], p: &Params) -> Vec<Tensor> {
             .sum_dim_intlist(2, false, None::<Kind>)
     };
     vec![dq, fold(dk), fold(dv)]
+}
+
+/// Paged decode attention the way a PyTorch user computes it: per sequence, gather its
+/// pages through the block table (`index_select`), then SDPA with GQA on the first
+/// `len` tokens.
+fn gathered_sdpa(t: &[Tensor], p: &Params) -> Vec<Tensor> {
+    let (q, k_cache, v_cache) = (&t[0], &t[1], &t[2]);
+    let table = Vec::<i32>::try_from(&t[3].view(-1)).unwrap_or_default();
+    let lens = Vec::<i32>::try_from(&t[4]).unwrap_or_default();
+    let (page_size, max_pages) = (k_cache.size()[2], t[3].size()[1]);
+    let outs: Vec<Tensor> = lens
+        .iter()
+        .enumerate()
+        .map(|(b, &len)| {
+            let len = i64::from(len);
+            let used = (len + page_size - 1) / page_size;
+            let row = &table[b * max_pages as usize..][..used as usize];
+            let pages = Tensor::from_slice(row).to_kind(Kind::Int64);
+            let gather = |cache: &Tensor| {
+                cache
+                    .index_select(1, &pages)
+                    .flatten(1, 2)
+                    .narrow(1, 0, len)
+                    .unsqueeze(0)
+            };
+            Tensor::scaled_dot_product_attention(
+                &q.get(b as i64).unsqueeze(0).unsqueeze(2),
+                &gather(k_cache),
+                &gather(v_cache),
+                None::<Tensor>,
+                0.0,
+                false,
+                scale(p),
+                true,
+            )
+            .squeeze_dim(0)
+            .squeeze_dim(-2)
+        })
+        .collect();
+    vec![Tensor::stack(&outs, 0)]
 }
 
 /// Whether attention has a sliding window or a soft-cap, which PyTorch's SDPA kernels do

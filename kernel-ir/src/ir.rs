@@ -296,6 +296,13 @@ pub struct RefDecl {
 }
 
 impl RefDecl {
+    /// Where the ref lives: its block's memory space (I/O) or its own (scratch).
+    pub fn space(&self) -> MemorySpace {
+        self.block
+            .as_ref()
+            .map_or(self.memory_space, |b| b.memory_space)
+    }
+
     /// The blocking of each array dim: the block spec's, or whole dims for scratch.
     pub fn block_dims(&self) -> Vec<BlockDim> {
         match &self.block {

@@ -6,6 +6,7 @@ mod attention;
 mod common;
 mod matmul;
 mod norms;
+mod paged_attention;
 mod params;
 mod rope;
 mod softmax;
@@ -18,6 +19,7 @@ pub use attention::{
 };
 pub use matmul::{Matmul, MatmulConfig};
 pub use norms::{LayerNorm, NormConfig, RmsNorm};
+pub use paged_attention::{check_block_tables, PagedAttention, PagedAttentionConfig};
 pub use params::{ParamDef, ParamError, Params};
 pub use rope::{Rope, RopeConfig};
 pub use softmax::{Softmax, SoftmaxConfig};
@@ -138,6 +140,7 @@ pub fn all() -> Vec<&'static dyn LibraryKernel> {
         &Swiglu,
         &FlashAttention,
         &FlashAttentionBwd,
+        &PagedAttention,
     ]
 }
 

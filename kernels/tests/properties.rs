@@ -241,3 +241,73 @@ fn attention_edge_cases() {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// Ragged lengths (one sequence always fills its table; others from one token up),
+    /// pages of one token, a table of one slot, GQA/MQA, f32 and bf16.
+    #[test]
+    fn paged_attention(batch in 1u64..=3,
+                       heads in prop_oneof![Just((1u64, 1u64)), Just((4, 2)), Just((4, 1)), Just((3, 3))],
+                       head_dim in prop_oneof![Just(8u64), Just(16), Just(40)],
+                       page_size in prop_oneof![Just(1u64), 2u64..=9, Just(16)],
+                       num_pages in 1u64..=12, max_pages in 1u64..=6,
+                       dtype in prop_oneof![Just("f32"), Just("bf16")], seed in 0u64..1000) {
+        check_params("paged_attention", &[("batch", batch.to_string()), ("heads", heads.0.to_string()),
+            ("kv_heads", heads.1.to_string()), ("head_dim", head_dim.to_string()),
+            ("page_size", page_size.to_string()), ("num_pages", num_pages.to_string()),
+            ("max_pages", max_pages.to_string()), ("dtype", dtype.into())], seed)?;
+    }
+}
+
+/// Bad block tables and lengths are refused before anything runs, naming the slot;
+/// an empty context gives zeros.
+#[test]
+fn paged_attention_checks_its_tables_and_takes_empty_contexts() {
+    let k = find("paged_attention").unwrap();
+    let p = Params::with(
+        k.params(),
+        &[
+            ("batch", "2"),
+            ("heads", "2"),
+            ("kv_heads", "1"),
+            ("head_dim", "8"),
+            ("page_size", "4"),
+            ("num_pages", "5"),
+            ("max_pages", "3"),
+        ],
+    )
+    .unwrap();
+    let inputs = k.inputs(&p, 1).unwrap();
+    let with = |table: Vec<i32>, lens: Vec<i32>| {
+        let mut v = inputs.clone();
+        v[3] = Array::from_i32([2, 3], table).unwrap();
+        v[4] = Array::from_i32([2], lens).unwrap();
+        v
+    };
+    let err = |table, lens| {
+        k.run(&p, &with(table, lens), &mut interp)
+            .unwrap_err()
+            .to_string()
+    };
+    let e = err(vec![0, 1, 2, 3, 5, -1], vec![12, 6]);
+    assert!(
+        e.contains("block_table[1, 1] = 5 is outside the cache's 5 pages"),
+        "{e}"
+    );
+    let e = err(vec![0, 1, 2, 3, 4, -1], vec![13, 6]);
+    assert!(e.contains("context_lens[0] = 13: expected 0..=12"), "{e}");
+    let e = err(vec![0, 1, 2, 3, 4, -1], vec![12, -1]);
+    assert!(e.contains("context_lens[1] = -1"), "{e}");
+    // Slots past a length are never read, whatever they hold; length 0 gives zeros.
+    let out = k
+        .run(&p, &with(vec![4, -7, 99, 0, 0, 0], vec![3, 0]), &mut interp)
+        .unwrap();
+    let want = k
+        .reference(&p, &with(vec![4, -7, 99, 0, 0, 0], vec![3, 0]))
+        .unwrap();
+    let c = kernels::compare(&out, &want, k.tolerance(&p));
+    assert!(c.ok(), "{c:?}");
+    assert!(out[0].iter_f64().skip(16).all(|x| x == 0.0));
+}

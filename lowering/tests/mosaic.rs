@@ -232,6 +232,29 @@ fn erf_verifies_and_compiles_for_v5e() {
     );
 }
 
+/// Paged attention reads its block table and lengths as scalars from SMEM inside the
+/// body (`memref.load`): libtpu compiles it for v5e, f32 and bf16.
+#[test]
+fn paged_attention_compiles_for_v5e() {
+    let dir = tempfile::tempdir().unwrap();
+    let k = find("paged_attention").unwrap();
+    for dtype in ["f32", "bf16"] {
+        let p = Params::parse(k.params(), &[format!("dtype={dtype}")]).unwrap();
+        let kernel = &k.build(&p).unwrap()[0];
+        let text = mosaic::lower(kernel, &TpuLimits::default()).unwrap();
+        std::fs::write(dir.path().join(format!("paged_{dtype}.mosaic.mlir")), text).unwrap();
+    }
+    let Some(python) = python() else { return };
+    let dir = dir.path().to_str().unwrap();
+    let compiled = run_checker(&python, &["--compile", "v5e:2x2", dir]);
+    for dtype in ["f32", "bf16"] {
+        assert!(
+            compiled.contains(&format!("compiled paged_{dtype}.mosaic.mlir for v5e:2x2")),
+            "{compiled}"
+        );
+    }
+}
+
 /// The one lowering interface: every target by name, its checks before its emitter.
 #[test]
 fn every_target_lowers_through_one_interface() {

@@ -37,10 +37,11 @@ pub(crate) struct Torch {
         *mut *mut c_void,
     ) -> Status,
     library_impl: unsafe extern "C" fn(*mut c_void, *const c_char, BoxedKernel) -> Status,
-    /// The codes of `torch.float32`, `torch.bfloat16` and `torch.float16`.
+    /// The codes of `torch.float32`, `torch.bfloat16`, `torch.float16` and `torch.int32`.
     pub(crate) f32: i32,
     pub(crate) bf16: i32,
     pub(crate) f16: i32,
+    pub(crate) i32: i32,
     cpu: i32,
     /// Keeps libtorch mapped (it is, by `import torch`, for the life of the process).
     _lib: libloading::Library,
@@ -94,6 +95,7 @@ pub(crate) fn load(path: &str) -> Result<&'static Torch, String> {
         f32: f32_code,
         bf16: code(symbol!("aoti_torch_dtype_bfloat16")),
         f16: code(symbol!("aoti_torch_dtype_float16")),
+        i32: code(symbol!("aoti_torch_dtype_int32")),
         cpu: code(symbol!("aoti_torch_device_type_cpu")),
         _lib: lib,
     };

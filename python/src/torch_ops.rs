@@ -120,6 +120,11 @@ pub(crate) const OPS: &[NativeOp] = &[
                  float? scale=None, int? window=None, float? softcap=None) -> Tensor",
         run: flash_attention,
     },
+    NativeOp {
+        schema: "paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, \
+                 Tensor context_lens, float? scale=None) -> Tensor",
+        run: paged_attention,
+    },
 ];
 
 /// The boxed kernel of `OPS[I]`.
@@ -143,7 +148,7 @@ pub(crate) fn kernels() -> Vec<(&'static str, BoxedKernel)> {
     // Sized by `OPS`: an op added there without a slot here does not compile.
     let table: [BoxedKernel; OPS.len()] = [
         boxed::<0>, boxed::<1>, boxed::<2>, boxed::<3>, boxed::<4>, boxed::<5>, boxed::<6>,
-        boxed::<7>, boxed::<8>,
+        boxed::<7>, boxed::<8>, boxed::<9>,
     ];
     OPS.iter().map(NativeOp::name).zip(table).collect()
 }
@@ -280,6 +285,38 @@ impl Arg {
         })
     }
 
+    /// Checks device and that the dtype is int32 (block tables, lengths).
+    fn int32(value: Value, name: &'static str) -> Result<Arg, OpError> {
+        let tensor = match value {
+            Value::Tensor(t) if t.is_defined() => t,
+            _ => return Err(bad(format!("{name}: expected a tensor, got None"))),
+        };
+        let t = torch();
+        if !tensor.is_cpu() {
+            return Err(bad(format!("{name}: tessera ops run on CPU tensors")));
+        }
+        if tensor.dtype() != t.i32 {
+            return Err(bad(format!(
+                "{name}: expected torch.int32, got {}",
+                t.dtype_name(tensor.dtype())
+            )));
+        }
+        Ok(Arg {
+            shape: tensor.shape(),
+            tensor,
+            dtype: t.i32,
+            name,
+        })
+    }
+
+    /// The elements of a contiguous int32 argument.
+    fn i32s(&self) -> &[i32] {
+        // SAFETY: a contiguous int32 tensor of `numel` elements, alive as long as `self`.
+        unsafe {
+            std::slice::from_raw_parts(self.tensor.data() as *const i32, self.numel() as usize)
+        }
+    }
+
     /// Checks that the dtype is `first`'s.
     fn same_dtype(self, first: &Arg) -> Result<Arg, OpError> {
         if self.dtype != first.dtype {
@@ -338,6 +375,7 @@ impl Arg {
         match self.dtype {
             d if d == t.bf16 => "bf16",
             d if d == t.f16 => "f16",
+            d if d == t.i32 => "i32",
             _ => "f32",
         }
     }
@@ -779,6 +817,76 @@ fn flash_attention_bwd(args: Vec<Value>) -> Result<Vec<Tensor>, OpError> {
         .collect();
     launch("flash_attention_bwd", &att.params, &inputs, &outputs)?;
     Ok(grads)
+}
+
+/// Decode attention over a paged KV cache: `q [batch, heads, head_dim]`, caches
+/// `[kv_heads, num_pages, page_size, head_dim]`, an int32 `[batch, max_pages]` block table
+/// and int32 `[batch]` lengths, checked before anything runs.
+fn paged_attention(args: Vec<Value>) -> Result<Vec<Tensor>, OpError> {
+    let mut a = Args(args.into_iter());
+    let q = a.tensor("query")?.rank(3)?;
+    if q.dtype_name() == "f16" {
+        return Err(bad(
+            "query: paged_attention takes float32 or bfloat16, got torch.float16".into(),
+        ));
+    }
+    let k = a.tensor("k_cache")?.rank(4)?.same_dtype(&q)?;
+    let v = a.tensor("v_cache")?.rank(4)?.same_dtype(&q)?;
+    let table = Arg::int32(a.0.next().unwrap_or(Value::None), "block_table")?.rank(2)?;
+    let lens = Arg::int32(a.0.next().unwrap_or(Value::None), "context_lens")?.rank(1)?;
+    let scale = a.float("scale")?;
+    let (b, h, d) = (q.shape[0], q.shape[1], q.shape[2]);
+    let (hkv, pages, ps) = (k.shape[0], k.shape[1], k.shape[2]);
+    if k.shape != v.shape || k.shape[3] != d {
+        return Err(bad(format!(
+            "k_cache/v_cache: shapes {}/{} must be equal [kv_heads, num_pages, page_size, {d}]",
+            py_shape(&k.shape),
+            py_shape(&v.shape)
+        )));
+    }
+    if hkv == 0 || h % hkv != 0 {
+        return Err(bad(format!(
+            "k_cache: {hkv} kv heads do not divide the query's {h} heads"
+        )));
+    }
+    if table.shape[0] != b || lens.shape != [b] {
+        return Err(bad(format!(
+            "block_table/context_lens: shapes {}/{} do not match the query's batch of {b}",
+            py_shape(&table.shape),
+            py_shape(&lens.shape)
+        )));
+    }
+    let (table, lens) = (table.contiguous()?, lens.contiguous()?);
+    let max_pages = table.shape[1];
+    kernels::check_block_tables(table.i32s(), lens.i32s(), max_pages, ps, pages).map_err(bad)?;
+    if q.numel() == 0 || k.numel() == 0 || max_pages == 0 {
+        // No queries, or no tokens (the check above allows only empty contexts).
+        return Ok(vec![zeros(&q, &q.shape)?]);
+    }
+    let out = q.empty(&q.shape)?;
+    let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
+    let scale = scale.unwrap_or(1.0 / (d as f64).sqrt());
+    let params = [
+        ("batch", b.to_string()),
+        ("heads", h.to_string()),
+        ("kv_heads", hkv.to_string()),
+        ("head_dim", d.to_string()),
+        ("page_size", ps.to_string()),
+        ("num_pages", pages.to_string()),
+        ("max_pages", max_pages.to_string()),
+        ("scale", format!("{scale:?}")),
+        ("dtype", q.dtype_name().to_string()),
+    ];
+    let inputs = [
+        q.buffer(&q.shape),
+        k.buffer(&k.shape),
+        v.buffer(&v.shape),
+        table.buffer(&table.shape),
+        lens.buffer(&lens.shape),
+    ];
+    let outputs = [(out.data(), q.shape.clone(), q.dtype_name().to_string())];
+    launch("paged_attention", &params, &inputs, &outputs)?;
+    Ok(vec![out])
 }
 
 /// `a` converted to `like`'s dtype (PyTorch's copy converts).

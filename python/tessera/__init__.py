@@ -226,6 +226,24 @@ def _(q, k, v, is_causal=False, scale=None, window=None, softcap=None):
     return _empty(q)
 
 
+@_fake("paged_attention")
+def _(q, k_cache, v_cache, block_table, context_lens, scale=None):
+    _check(q, "query", rank=3)
+    if q.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"query: paged_attention takes float32 or bfloat16, got {q.dtype}")
+    _check(k_cache, "k_cache", rank=4, dtype=q.dtype)
+    _check(v_cache, "v_cache", rank=4, dtype=q.dtype)
+    if k_cache.shape != v_cache.shape or k_cache.shape[3] != q.shape[2]:
+        raise ValueError(f"k_cache/v_cache: shapes {tuple(k_cache.shape)}/{tuple(v_cache.shape)} must be equal "
+                         f"[kv_heads, num_pages, page_size, {q.shape[2]}]")
+    for name, t, rank in (("block_table", block_table, 2), ("context_lens", context_lens, 1)):
+        if t.dtype != torch.int32 or t.dim() != rank or t.shape[0] != q.shape[0]:
+            raise ValueError(f"{name}: expected int32 of rank {rank} over the query's batch of {q.shape[0]}, "
+                             f"got {t.dtype} {tuple(t.shape)}")
+    _same_device(query=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, context_lens=context_lens)
+    return _empty(q)
+
+
 # ---- autograd kernels ------------------------------------------------------------------
 
 _below_autograd = torch._C._AutoDispatchBelowAutograd
@@ -356,6 +374,7 @@ _autograd_kernel("flash_attention", _Attention)
 
 
 _autograd_kernel("flash_attention_bwd")  # no gradients of gradients
+_autograd_kernel("paged_attention")  # decoding: no gradients
 
 
 # ---- scaled_dot_product_attention override ---------------------------------------

@@ -137,6 +137,47 @@ def test_flash_attention_window_and_softcap_errors():
         ops.flash_attention(q, q, q, True, None, None, 0.0)
 
 
+def paged_inputs(batch=3, heads=4, kv_heads=2, d=16, page_size=4, num_pages=9, max_pages=5, dtype=torch.float32):
+    q = torch.randn(batch, heads, d, dtype=dtype)
+    k_cache = torch.randn(kv_heads, num_pages, page_size, d, dtype=dtype)
+    v_cache = torch.randn(kv_heads, num_pages, page_size, d, dtype=dtype)
+    table = torch.stack([torch.randperm(num_pages)[:max_pages] for _ in range(batch)]).int()
+    lens = torch.tensor([max_pages * page_size, 1, 6][:batch], dtype=torch.int32)
+    table[1, 1:] = -1  # slots past a length are never read
+    return q, k_cache, v_cache, table, lens
+
+
+def paged_reference(q, k_cache, v_cache, table, lens):
+    """The PyTorch way: gather each sequence's pages, then SDPA with GQA."""
+    outs = []
+    for b in range(q.shape[0]):
+        n = int(lens[b])
+        used = table[b, :(n + k_cache.shape[2] - 1) // k_cache.shape[2]].long()
+        k = k_cache[:, used].flatten(1, 2)[:, :n]
+        v = v_cache[:, used].flatten(1, 2)[:, :n]
+        outs.append(F.scaled_dot_product_attention(q[b, :, None].float(), k.float(), v.float(), enable_gqa=True)[:, 0])
+    return torch.stack(outs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_attention_matches_gathered_sdpa(dtype):
+    args = paged_inputs(dtype=dtype)
+    close(ops.paged_attention(*args), paged_reference(*args).to(dtype), dtype)
+    torch.library.opcheck(ops.paged_attention, args)
+
+
+def test_paged_attention_refuses_bad_tables_before_running():
+    q, k, v, table, lens = paged_inputs()
+    table[0, 2] = 9
+    with pytest.raises(ValueError, match=r"block_table\[0, 2\] = 9 is outside the cache's 9 pages"):
+        ops.paged_attention(q, k, v, table, lens)
+    table[0, 2] = 0
+    with pytest.raises(ValueError, match=r"context_lens\[2\] = 21: expected 0..=20"):
+        ops.paged_attention(q, k, v, table, torch.tensor([20, 1, 21], dtype=torch.int32))
+    with pytest.raises(ValueError, match="block_table: expected torch.int32, got torch.int64"):
+        ops.paged_attention(q, k, v, table.long(), lens)
+
+
 def opcheck_args():
     x = torch.randn(5, 33, requires_grad=True)
     w, b = torch.randn(33, requires_grad=True), torch.randn(33, requires_grad=True)

@@ -149,4 +149,14 @@ proptest! {
         all_match("flash_attention", &case, seed)?;
         all_match("flash_attention_bwd", &case, seed)?;
     }
+
+    #[test]
+    fn paged_attention(batch in 1u64..=3, heads in prop_oneof![Just((4u64, 2u64)), Just((2, 2)), Just((4, 1))],
+                       page_size in prop_oneof![Just(1u64), 2u64..=9, Just(16)], num_pages in 1u64..=10,
+                       max_pages in 1u64..=5, bf16 in any::<bool>(), seed in 0u64..100) {
+        let case = [("batch", batch.to_string()), ("heads", heads.0.to_string()), ("kv_heads", heads.1.to_string()),
+            ("head_dim", "32".into()), ("page_size", page_size.to_string()), ("num_pages", num_pages.to_string()),
+            ("max_pages", max_pages.to_string()), ("dtype", if bf16 { "bf16" } else { "f32" }.into())];
+        all_match("paged_attention", &case, seed)?;
+    }
 }

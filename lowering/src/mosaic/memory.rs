@@ -1,10 +1,11 @@
 //! `load`/`store` as `vector.load`/`tpu.vector_store` on the block's memref at the window
-//! the shared plan (`kernel_ir::ops::window_plan`) gives. Blocks are whole in VMEM, so a
+//! the shared plan (`kernel_ir::ops::window_plan`) gives; scalar loads of SMEM refs are
+//! `memref.load`s. Blocks are whole in VMEM, so a
 //! masked load reads every lane and `select`s, and a masked store writes back the old
 //! contents of the masked-off lanes.
 
 use kernel_ir::ops::{window_plan, WindowStart};
-use kernel_ir::{Index, Op, OpKind};
+use kernel_ir::{Index, MemorySpace, Op, OpKind};
 
 use super::{memref_type, vty, Emitter};
 
@@ -22,6 +23,16 @@ impl Emitter<'_> {
                 let r = src.0 as usize;
                 let t = self.ty(op.results[0]);
                 let (indices, counts) = self.window(r, index);
+                if k.refs[r].space() == MemorySpace::Smem && t.is_scalar() && mask.is_none() {
+                    // SMEM holds scalars: one `memref.load` (a vector load of SMEM cannot
+                    // be compiled).
+                    return Some(self.def(&format!(
+                        "memref.load %arg{}[{}] : {}",
+                        k.grid.len() + r,
+                        indices.join(", "),
+                        memref_type(k, r)
+                    )));
+                }
                 let loaded = self.load_window(r, &indices, &counts);
                 let loaded = self.shape_cast(&loaded, t.dtype, &counts, &t.shape);
                 let Some(m) = mask else {

@@ -63,10 +63,7 @@ fn memref_shape(k: &Kernel, r: usize) -> Vec<u64> {
 
 fn memref_type(k: &Kernel, r: usize) -> String {
     let decl = &k.refs[r];
-    let space = decl
-        .block
-        .as_ref()
-        .map_or(decl.memory_space, |s| s.memory_space);
+    let space = decl.space();
     let dims: Vec<String> = memref_shape(k, r).iter().map(|d| d.to_string()).collect();
     format!(
         "memref<{}x{}, {}>",

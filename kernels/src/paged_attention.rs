@@ -1,0 +1,394 @@
+//! Paged attention for decoding: one query token per sequence attends over its KV cache,
+//! which lives in fixed-size pages that a block table lists per sequence (vLLM's
+//! PagedAttention). GQA/MQA, f32 or bf16 (f32 accumulation).
+//!
+//! Layout: `k_cache`/`v_cache` are `[kv_heads, num_pages, page_size, head_dim]` (as in
+//! JAX's Pallas paged attention): one kv head's page is a contiguous
+//! `[page_size, head_dim]` tile (one contiguous read per page, and on TPU the squeezed
+//! head dim leads, so the last two block dims are whole tiles). `block_table` is
+//! `[batch, max_pages]` i32 page numbers, `context_lens` `[batch]` i32; slots past a
+//! sequence's `ceil(len / page_size)` pages are never read (they may hold anything).
+//!
+//! One program per (sequence, kv head) computes the `heads / kv_heads` query heads that
+//! share the kv head as one `[group, head_dim]` block, looping over the sequence's pages
+//! with an online softmax. The page of each step is read from the block table inside the
+//! kernel (the table and lengths sit in SMEM, where a TPU reads scalars), so each program
+//! sees its head's whole cache; scalar prefetch (index maps that read the table) would
+//! let a TPU fetch only those pages.
+
+use kernel_ir::dsl::prelude::*;
+use kernel_ir::{Array, ArrayData, DimSemantics, MemorySpace};
+use kernel_macros::kernel;
+use rand::{Rng, SeedableRng};
+
+use crate::common::{pid, random_array, tolerance_for, zero, zeros_f64};
+use crate::{BoxError, Exec, Op, ParamDef, Params, Tolerance};
+
+/// Shapes of a paged-attention call.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PagedAttentionConfig {
+    /// Sequences.
+    pub batch: u64,
+    /// Query heads.
+    pub heads: u64,
+    /// Key/value heads (divides `heads`).
+    pub kv_heads: u64,
+    /// Head dim.
+    pub head_dim: u64,
+    /// Tokens per page.
+    pub page_size: u64,
+    /// Pages in the cache.
+    pub num_pages: u64,
+    /// Block-table slots per sequence.
+    pub max_pages: u64,
+    /// Score scale (default `1 / sqrt(head_dim)`).
+    pub scale: f64,
+    /// Query, cache and output dtype (f32 or bf16).
+    pub dtype: DType,
+}
+
+const PARAMS: &[ParamDef] = &[
+    ParamDef {
+        name: "batch",
+        default: "4",
+        help: "sequences (one query token each)",
+    },
+    ParamDef {
+        name: "heads",
+        default: "16",
+        help: "query heads",
+    },
+    ParamDef {
+        name: "kv_heads",
+        default: "2",
+        help: "key/value heads (GQA when fewer)",
+    },
+    ParamDef {
+        name: "head_dim",
+        default: "128",
+        help: "head dim",
+    },
+    ParamDef {
+        name: "page_size",
+        default: "16",
+        help: "tokens per page",
+    },
+    ParamDef {
+        name: "num_pages",
+        default: "128",
+        help: "pages in the KV cache",
+    },
+    ParamDef {
+        name: "max_pages",
+        default: "32",
+        help: "block-table slots per sequence",
+    },
+    ParamDef {
+        name: "scale",
+        default: "none",
+        help: "score scale (none: 1/sqrt(head_dim))",
+    },
+    ParamDef {
+        name: "dtype",
+        default: "f32",
+        help: "f32 or bf16 (f32 accumulation)",
+    },
+];
+
+impl PagedAttentionConfig {
+    /// Reads and validates the parameters.
+    pub fn from_params(p: &Params) -> Result<Self, BoxError> {
+        let (heads, kv_heads) = (p.dim("heads")?, p.dim("kv_heads")?);
+        if heads % kv_heads != 0 {
+            return Err(
+                format!("`heads` ({heads}) must be a multiple of `kv_heads` ({kv_heads})").into(),
+            );
+        }
+        let head_dim = p.dim("head_dim")?;
+        Ok(PagedAttentionConfig {
+            batch: p.dim("batch")?,
+            heads,
+            kv_heads,
+            head_dim,
+            page_size: p.dim("page_size")?,
+            num_pages: p.dim("num_pages")?,
+            max_pages: p.dim("max_pages")?,
+            scale: p
+                .float_opt("scale")?
+                .unwrap_or(1.0 / (head_dim as f64).sqrt()),
+            dtype: p.dtype("dtype", &[DType::F32, DType::BF16])?,
+        })
+    }
+
+    fn group(&self) -> u64 {
+        self.heads / self.kv_heads
+    }
+
+    fn q_type(&self) -> TensorType {
+        TensorType::new(self.dtype, [self.batch, self.heads, self.head_dim])
+    }
+
+    fn cache_type(&self) -> TensorType {
+        TensorType::new(
+            self.dtype,
+            [self.kv_heads, self.num_pages, self.page_size, self.head_dim],
+        )
+    }
+
+    /// The longest context the block table can hold.
+    fn max_len(&self) -> u64 {
+        self.max_pages * self.page_size
+    }
+
+    /// The decode kernel: `(q, k_cache, v_cache, block_table, context_lens) -> o`.
+    pub fn kernel(self) -> Result<Kernel, BoxError> {
+        let c = self;
+        let q_block = || {
+            block_spec([None, Some(c.group()), Some(c.head_dim)], |i| {
+                vec![pid(i, 0), pid(i, 1), zero()]
+            })
+        };
+        let cache = || {
+            block_spec(
+                [None, Some(c.num_pages), Some(c.page_size), Some(c.head_dim)],
+                |i| vec![pid(i, 1), zero(), zero(), zero()],
+            )
+        };
+        Ok(pallas_call(move |q, k, v, table, lens, o| {
+            paged_attention_decode(q, k, v, table, lens, o, c)
+        })
+        .grid([c.batch, c.kv_heads])
+        .dimension_semantics([DimSemantics::Parallel; 2])
+        .input(c.q_type(), q_block())
+        .input(c.cache_type(), cache())
+        .input(c.cache_type(), cache())
+        .input(
+            TensorType::new(DType::I32, [c.batch, c.max_pages]),
+            block_spec([Some(c.batch), Some(c.max_pages)], |_| vec![zero(), zero()])
+                .memory_space(MemorySpace::Smem),
+        )
+        .input(
+            TensorType::new(DType::I32, [c.batch]),
+            block_spec([Some(c.batch)], |_| vec![zero()]).memory_space(MemorySpace::Smem),
+        )
+        .output(c.q_type(), q_block())
+        .build()?)
+    }
+
+    /// Checks the block table and lengths before anything runs (see
+    /// [`check_block_tables`]).
+    pub fn check_tables(&self, table: &Array, lens: &Array) -> Result<(), BoxError> {
+        let (ArrayData::Int(table), ArrayData::Int(lens)) = (table.data(), lens.data()) else {
+            return Err("block_table and context_lens must be int32".into());
+        };
+        Ok(check_block_tables(
+            table,
+            lens,
+            self.max_pages,
+            self.page_size,
+            self.num_pages,
+        )?)
+    }
+}
+
+/// Checks a row-major `[lens.len(), max_pages]` block table and its lengths: every
+/// length in `0..=max_pages * page_size`, every slot a length uses a page below
+/// `num_pages`. The error names the first bad entry.
+pub fn check_block_tables(
+    table: &[i32],
+    lens: &[i32],
+    max_pages: u64,
+    page_size: u64,
+    num_pages: u64,
+) -> Result<(), String> {
+    let max_len = max_pages * page_size;
+    for (b, &len) in lens.iter().enumerate() {
+        if len < 0 || len as u64 > max_len {
+            return Err(format!(
+                "context_lens[{b}] = {len}: expected 0..={max_len} ({max_pages} slots of \
+                 {page_size} tokens)"
+            ));
+        }
+        // (A positive length has a positive page size: max_len >= len > 0.)
+        let used = if len == 0 {
+            0
+        } else {
+            (len as u64).div_ceil(page_size) as usize
+        };
+        let row = &table[b * max_pages as usize..][..used];
+        if let Some((slot, page)) = row
+            .iter()
+            .enumerate()
+            .find(|(_, &p)| p < 0 || p as u64 >= num_pages)
+        {
+            return Err(format!(
+                "block_table[{b}, {slot}] = {page} is outside the cache's {num_pages} pages \
+                 (sequence {b} has {len} tokens, so slots 0..{used} are read)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `o = softmax(q k^T * scale) v` over the pages of one sequence, for the query heads
+/// that share one kv head.
+#[kernel]
+fn paged_attention_decode(
+    q: Ref,
+    k_cache: Ref,
+    v_cache: Ref,
+    block_table: Ref,
+    context_lens: Ref,
+    o: Ref,
+    #[comptime] c: PagedAttentionConfig,
+) {
+    let (group, ps) = (c.heads / c.kv_heads, c.page_size);
+    let b = program_id(0);
+    let qb = q.read().cast(DType::F32) * c.scale;
+    let len = context_lens.load(s![b]);
+    let pages = (len + (ps - 1)) / ps;
+    // The online softmax state: running max, sum of exponentials, weighted values.
+    let mut state = (
+        full([group], f64::NEG_INFINITY, DType::F32),
+        zeros([group], DType::F32),
+        zeros([group, c.head_dim], DType::F32),
+    );
+    for p in 0..pages {
+        let (m, l, acc) = state;
+        let page = block_table.load(s![b, p]);
+        let kb = k_cache.load(s![page, .., ..]).cast(DType::F32);
+        let vb = v_cache.load(s![page, .., ..]).cast(DType::F32);
+        let scores = dot_general(qb, kb, false, true);
+        // The last page's tokens past the length are masked.
+        let token = iota([group, ps], 1) + p * ps;
+        let scores = select(token.lt(len), scores, f64::NEG_INFINITY);
+        let m_new = m.maximum(scores.max(1));
+        let probs = (scores - m_new.expand_dims(1)).exp();
+        let alpha = (m - m_new).exp();
+        state = (
+            m_new,
+            l * alpha + probs.sum(1),
+            acc * alpha.expand_dims(1) + probs.dot(vb),
+        );
+    }
+    let (_, l, acc) = state;
+    // An empty context (length 0) gives 0.
+    let out = select(l.eq(0.0).expand_dims(1), 0.0, acc / l.expand_dims(1));
+    o.write(out.cast(c.dtype));
+}
+
+/// Plain f64 paged attention: gathers each sequence's keys and values through its
+/// block table.
+pub fn reference(c: &PagedAttentionConfig, inputs: &[Array]) -> Result<Vec<f64>, BoxError> {
+    let q = inputs[0].try_to_f64("q")?;
+    let k = inputs[1].try_to_f64("k_cache")?;
+    let v = inputs[2].try_to_f64("v_cache")?;
+    let (ArrayData::Int(table), ArrayData::Int(lens)) = (inputs[3].data(), inputs[4].data()) else {
+        return Err("block_table and context_lens must be int32".into());
+    };
+    let (d, ps) = (c.head_dim as usize, c.page_size as usize);
+    let mut o = zeros_f64("output", q.len())?;
+    for b in 0..c.batch as usize {
+        let len = lens[b] as usize;
+        // Where token `t` of sequence `b` sits in kv head `hk`'s cache.
+        let row = |hk: usize, t: usize| {
+            let page = table[b * c.max_pages as usize + t / ps] as usize;
+            ((hk * c.num_pages as usize + page) * ps + t % ps) * d
+        };
+        for h in 0..c.heads as usize {
+            let hk = h / c.group() as usize;
+            let qo = (b * c.heads as usize + h) * d;
+            let scores: Vec<f64> = (0..len)
+                .map(|t| (0..d).map(|i| q[qo + i] * k[row(hk, t) + i]).sum::<f64>() * c.scale)
+                .collect();
+            let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let sum: f64 = scores.iter().map(|s| (s - m).exp()).sum();
+            for (t, s) in scores.iter().enumerate() {
+                let p = (s - m).exp() / sum;
+                for i in 0..d {
+                    o[qo + i] += p * v[row(hk, t) + i];
+                }
+            }
+        }
+    }
+    Ok(o)
+}
+
+/// Paged attention for decoding.
+pub struct PagedAttention;
+
+impl Op for PagedAttention {
+    type Config = PagedAttentionConfig;
+    const NAME: &'static str = "paged_attention";
+    const SUMMARY: &'static str =
+        "decode attention of one query token per sequence over a paged KV cache (block table, GQA)";
+    const PARAMS: &'static [ParamDef] = PARAMS;
+
+    fn config(p: &Params) -> Result<PagedAttentionConfig, BoxError> {
+        PagedAttentionConfig::from_params(p)
+    }
+
+    fn build(c: &Self::Config) -> Result<Vec<Kernel>, BoxError> {
+        Ok(vec![c.kernel()?])
+    }
+
+    /// Random queries and caches; each sequence gets a random length in
+    /// `1..=max_pages * page_size` (the first one the full table) and distinct random
+    /// pages; unused slots hold -1, which the kernel never reads.
+    fn inputs(c: &Self::Config, seed: u64) -> Result<Vec<Array>, BoxError> {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed + 7);
+        let mut table = Vec::new();
+        let mut lens = Vec::new();
+        for b in 0..c.batch {
+            let len = if b == 0 {
+                c.max_len()
+            } else {
+                rng.gen_range(1..=c.max_len())
+            };
+            let used = len.div_ceil(c.page_size);
+            for slot in 0..c.max_pages {
+                table.push(if slot < used {
+                    rng.gen_range(0..c.num_pages) as i32
+                } else {
+                    -1
+                });
+            }
+            lens.push(len as i32);
+        }
+        Ok(vec![
+            random_array(c.dtype, &c.q_type().shape, seed, 1.0)?,
+            random_array(c.dtype, &c.cache_type().shape, seed + 1, 1.0)?,
+            random_array(c.dtype, &c.cache_type().shape, seed + 2, 1.0)?,
+            Array::from_i32([c.batch, c.max_pages], table)?,
+            Array::from_i32([c.batch], lens)?,
+        ])
+    }
+
+    /// Checks the block table and lengths, then runs the kernel.
+    fn run(c: &Self::Config, inputs: &[Array], exec: &mut Exec) -> Result<Vec<Array>, BoxError> {
+        if inputs.len() != 5 {
+            return Err(format!(
+                "paged_attention takes (q, k_cache, v_cache, block_table, context_lens), got \
+                 {} inputs",
+                inputs.len()
+            )
+            .into());
+        }
+        c.check_tables(&inputs[3], &inputs[4])?;
+        exec(&c.kernel()?, inputs)
+    }
+
+    fn reference(c: &Self::Config, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
+        Ok(vec![reference(c, inputs)?])
+    }
+
+    fn tolerance(c: &Self::Config) -> Tolerance {
+        tolerance_for(c.dtype, c.head_dim)
+    }
+
+    /// Two dots over the longest context the block table holds (an upper bound: the
+    /// lengths are in the inputs).
+    fn flops(c: &Self::Config) -> f64 {
+        4.0 * (c.batch * c.heads * c.head_dim) as f64 * c.max_len() as f64
+    }
+}
