@@ -70,6 +70,17 @@ def sdpa(q, k, v, is_causal, scale=None):
     return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
 
 
+def same_outputs_and_grads(out, ref, inputs):
+    """``out`` matches ``ref`` (f32), and so do their gradients for one random output
+    gradient."""
+    close(out, ref, torch.float32)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, inputs, g)
+    want = torch.autograd.grad(ref, inputs, g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=2e-4)
+
+
 @pytest.mark.parametrize("heads,kv_heads", [(2, 2), (4, 1), (4, 2)])
 @pytest.mark.parametrize("sq,sk", [(1, 1), (33, 47), (64, 64), (70, 20)])
 @pytest.mark.parametrize("is_causal", [False, True])
@@ -78,14 +89,7 @@ def test_flash_attention_forward_and_grads(heads, kv_heads, sq, sk, is_causal):
     q = torch.randn(1, heads, sq, d, requires_grad=True)
     k = torch.randn(1, kv_heads, sk, d, requires_grad=True)
     v = torch.randn(1, kv_heads, sk, d, requires_grad=True)
-    out = ops.flash_attention(q, k, v, is_causal=is_causal)
-    ref = sdpa(q, k, v, is_causal)
-    close(out, ref, torch.float32)
-    g = torch.randn_like(out)
-    got = torch.autograd.grad(out, (q, k, v), g)
-    want = torch.autograd.grad(ref, (q, k, v), g)
-    for a, b in zip(got, want):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=2e-4)
+    same_outputs_and_grads(ops.flash_attention(q, k, v, is_causal=is_causal), sdpa(q, k, v, is_causal), (q, k, v))
 
 
 def test_flash_attention_scale_and_bf16():
@@ -119,14 +123,8 @@ def test_flash_attention_window_and_softcap(is_causal, window, softcap):
     q = torch.randn(1, 4, 70, 32, requires_grad=True)
     k = torch.randn(1, 2, 45, 32, requires_grad=True)
     v = torch.randn(1, 2, 45, 32, requires_grad=True)
-    out = ops.flash_attention(q, k, v, is_causal, None, window, softcap)
-    ref = windowed_softcapped(q, k, v, is_causal, window, softcap)
-    close(out, ref, torch.float32)
-    g = torch.randn_like(out)
-    got = torch.autograd.grad(out, (q, k, v), g)
-    want = torch.autograd.grad(ref, (q, k, v), g)
-    for a, b in zip(got, want):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=2e-4)
+    same_outputs_and_grads(ops.flash_attention(q, k, v, is_causal, None, window, softcap),
+                           windowed_softcapped(q, k, v, is_causal, window, softcap), (q, k, v))
 
 
 def test_flash_attention_window_and_softcap_errors():

@@ -14,15 +14,20 @@ fn f32_array(shape: [u64; 2], data: Vec<f32>) -> Array {
     Array::from_f32(DType::F32, shape, data).unwrap()
 }
 
+/// One program applying `f` to a whole f32 array of `shape`.
+fn unary_kernel(shape: [u64; 2], f: fn(Tensor) -> Tensor) -> kernel_ir::Kernel {
+    let ty = TensorType::new(DType::F32, shape);
+    pallas_call(move |x: Ref, o: Ref| o.write(f(x.read())))
+        .grid([1])
+        .input(ty.clone(), whole(shape))
+        .output(ty, whole(shape))
+        .build()
+        .unwrap()
+}
+
 #[test]
 fn exp_matches_libm_over_the_whole_f32_range() {
-    let ty = TensorType::new(DType::F32, [8, 16]);
-    let k = pallas_call(|x: Ref, o: Ref| o.write(x.read().exp()))
-        .grid([1])
-        .input(ty.clone(), whole([8, 16]))
-        .output(ty, whole([8, 16]))
-        .build()
-        .unwrap();
+    let k = unary_kernel([8, 16], Tensor::exp);
     let mut xs = vec![
         f32::NEG_INFINITY,
         f32::INFINITY,
@@ -56,13 +61,7 @@ fn exp_matches_libm_over_the_whole_f32_range() {
 
 #[test]
 fn tanh_matches_libm_across_both_branches() {
-    let ty = TensorType::new(DType::F32, [8, 64]);
-    let k = pallas_call(|x: Ref, o: Ref| o.write(x.read().tanh()))
-        .grid([1])
-        .input(ty.clone(), whole([8, 64]))
-        .output(ty, whole([8, 64]))
-        .build()
-        .unwrap();
+    let k = unary_kernel([8, 64], Tensor::tanh);
     let mut xs = vec![
         f32::NEG_INFINITY,
         f32::INFINITY,
