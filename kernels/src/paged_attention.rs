@@ -215,7 +215,16 @@ pub fn check_block_tables(
         } else {
             (len as u64).div_ceil(page_size) as usize
         };
-        let row = &table[b * max_pages as usize..][..used];
+        let row = table
+            .get(b * max_pages as usize..)
+            .and_then(|rest| rest.get(..used))
+            .ok_or_else(|| {
+                format!(
+                    "block_table has {} entries: too few for {} rows of {max_pages} slots",
+                    table.len(),
+                    lens.len()
+                )
+            })?;
         if let Some((slot, page)) = row
             .iter()
             .enumerate()

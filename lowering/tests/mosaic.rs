@@ -232,24 +232,34 @@ fn erf_verifies_and_compiles_for_v5e() {
     );
 }
 
-/// Paged attention reads its block table and lengths as scalars from SMEM inside the
-/// body (`memref.load`): libtpu compiles it for v5e, f32 and bf16.
+/// Paged attention (its block table and lengths read as scalars from SMEM inside the
+/// body, `memref.load`), f32 and bf16, and attention with a sliding window and a
+/// soft-cap (`tanh`): libtpu compiles them for v5e.
 #[test]
-fn paged_attention_compiles_for_v5e() {
+fn paged_and_windowed_attention_compile_for_v5e() {
     let dir = tempfile::tempdir().unwrap();
-    let k = find("paged_attention").unwrap();
-    for dtype in ["f32", "bf16"] {
-        let p = Params::parse(k.params(), &[format!("dtype={dtype}")]).unwrap();
+    let cases = [
+        ("paged_attention", "dtype=f32", "paged_f32"),
+        ("paged_attention", "dtype=bf16", "paged_bf16"),
+        (
+            "flash_attention",
+            "causal=true,window=100,softcap=30,q_len=512,kv_len=512,dtype=bf16",
+            "windowed",
+        ),
+    ];
+    for (name, overrides, file) in cases {
+        let k = find(name).unwrap();
+        let p = Params::parse(k.params(), &[overrides.to_string()]).unwrap();
         let kernel = &k.build(&p).unwrap()[0];
         let text = mosaic::lower(kernel, &TpuLimits::default()).unwrap();
-        std::fs::write(dir.path().join(format!("paged_{dtype}.mosaic.mlir")), text).unwrap();
+        std::fs::write(dir.path().join(format!("{file}.mosaic.mlir")), text).unwrap();
     }
     let Some(python) = python() else { return };
     let dir = dir.path().to_str().unwrap();
     let compiled = run_checker(&python, &["--compile", "v5e:2x2", dir]);
-    for dtype in ["f32", "bf16"] {
+    for (_, _, file) in cases {
         assert!(
-            compiled.contains(&format!("compiled paged_{dtype}.mosaic.mlir for v5e:2x2")),
+            compiled.contains(&format!("compiled {file}.mosaic.mlir for v5e:2x2")),
             "{compiled}"
         );
     }
