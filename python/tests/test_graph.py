@@ -123,6 +123,17 @@ def test_windowed_softcapped_attention_in_graph_mode():
     assert "flash_attention" in kernels and "flash_attention_bwd" in kernels, kernels
 
 
+def test_paged_attention_in_graph_mode():
+    from test_ops import paged_inputs  # noqa: E402
+
+    def decode(q, k_cache, v_cache, table, lens):
+        return torch.ops.tessera.paged_attention(q, k_cache, v_cache, table, lens).tanh()
+
+    args = paged_inputs()
+    torch.testing.assert_close(compiled(decode)(*args), decode(*args))
+    assert tessera.graph_stats()["kernels"] == {"paged_attention": 1}, tessera.graph_stats()
+
+
 def test_bf16_model_matches_eager():
     model, (ids,) = build("llama")
     model = model.to(torch.bfloat16)

@@ -110,6 +110,19 @@ def kernel_call(node: torch.fx.Node) -> KernelCall:
         ins = [(i, list(t.shape)) for i, t in enumerate((q, k, v))]
         outs = [(list(q.shape), dt), ([*q.shape[:3], 1], "f32")]
         return KernelCall("flash_attention", params, ins, outs, [0] if name == "flash_attention" else [0, 1])
+    if name == "paged_attention":
+        q, k_cache = args[0], args[1]
+        scale = args[5] if len(args) > 5 else node.kwargs.get("scale")
+        b, h, d = q.shape
+        kv_heads, pages, page_size, _ = k_cache.shape
+        dt = _DTYPES[q.dtype]
+        params = {
+            "batch": b, "heads": h, "kv_heads": kv_heads, "head_dim": d, "page_size": page_size,
+            "num_pages": pages, "max_pages": args[3].shape[1],
+            "scale": "none" if scale is None else repr(float(scale)), "dtype": dt,
+        }
+        ins = [(i, list(t.shape)) for i, t in enumerate(args[:5])]
+        return KernelCall("paged_attention", params, ins, [(list(q.shape), dt)], [0])
     raise LoweringError(f"tessera.{name} has no custom-call lowering")
 
 
