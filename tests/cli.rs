@@ -83,6 +83,9 @@ fn small_shape(name: &str) -> &'static str {
         "matmul" => "m=40,k=33,n=20,bm=16,bk=16,bn=8",
         "rope" => "seq=20,block_seq=8",
         "flash_attention" | "flash_attention_bwd" => "q_len=20,kv_len=30,block_q=8,block_k=16",
+        "varlen_attention" | "varlen_attention_bwd" => {
+            "batch=3,heads=4,kv_heads=2,total_q=37,total_k=29,head_dim=16,block_q=8,block_k=16"
+        }
         "paged_attention" => {
             "batch=3,heads=4,kv_heads=2,head_dim=16,page_size=4,num_pages=9,max_pages=5"
         }

@@ -50,6 +50,34 @@ pub const BASELINE_CHECKS: &[(&str, &str)] = &[
         "flash_attention_bwd",
         "heads=2,kv_heads=2,q_len=40,kv_len=40,causal=true",
     ),
+    (
+        "flash_attention",
+        "heads=2,kv_heads=1,q_len=30,kv_len=30,causal=true,window=7,softcap=5",
+    ),
+    (
+        "paged_attention",
+        "batch=3,heads=4,kv_heads=2,head_dim=16,page_size=4,num_pages=9,max_pages=5",
+    ),
+    (
+        "varlen_attention",
+        "batch=4,heads=4,kv_heads=2,total_q=70,total_k=55,head_dim=16",
+    ),
+    (
+        "varlen_attention",
+        "batch=3,heads=2,kv_heads=2,total_q=50,causal=true,dtype=bf16",
+    ),
+    (
+        "varlen_attention_bwd",
+        "batch=4,heads=4,kv_heads=2,total_q=60,causal=true,head_dim=16",
+    ),
+];
+
+/// The library ops whose only baseline is PyTorch's (no plain StableHLO twin).
+pub const NO_XLA_BASELINE: &[&str] = &[
+    "flash_attention_bwd",
+    "paged_attention",
+    "varlen_attention",
+    "varlen_attention_bwd",
 ];
 
 /// A library kernel ready to run: its parameters and inputs.

@@ -56,6 +56,8 @@ impl TorchBaseline {
             },
             "flash_attention_bwd" => sdpa_backward,
             "paged_attention" => gathered_sdpa,
+            "varlen_attention" => per_sequence_sdpa,
+            "varlen_attention_bwd" => per_sequence_sdpa_backward,
             _ => return None,
         };
         Some(TorchBaseline {
@@ -180,6 +182,76 @@ fn gathered_sdpa(t: &[Tensor], p: &Params) -> Vec<Tensor> {
         })
         .collect();
     vec![Tensor::stack(&outs, 0)]
+}
+
+/// The sequences `(query rows, key rows)` of packed varlen inputs: `cu_seqlens_q` and
+/// `cu_seqlens_k` are `t[cu]`, `t[cu + 1]`.
+fn sequences(t: &[Tensor], cu: usize) -> Vec<((i64, i64), (i64, i64))> {
+    let cu_q = Vec::<i32>::try_from(&t[cu]).unwrap_or_default();
+    let cu_k = Vec::<i32>::try_from(&t[cu + 1]).unwrap_or_default();
+    let span = |cu: &[i32], b: usize| (i64::from(cu[b]), i64::from(cu[b + 1] - cu[b]));
+    (0..cu_q.len().saturating_sub(1))
+        .map(|b| (span(&cu_q, b), span(&cu_k, b)))
+        .collect()
+}
+
+/// Varlen attention the way a PyTorch user computes it: SDPA (GQA, causal) on each
+/// sequence's slice of the packed `[heads, tokens, head_dim]` tensors; a sequence without
+/// keys gives 0, as Tessera's kernel.
+fn per_sequence_sdpa(t: &[Tensor], p: &Params) -> Vec<Tensor> {
+    let (q, k, v) = (&t[0], &t[1], &t[2]);
+    let outs: Vec<Tensor> = sequences(t, 3)
+        .into_iter()
+        .filter(|((_, lq), _)| *lq > 0)
+        .map(|((q0, lq), (k0, lk))| {
+            let qs = q.narrow(1, q0, lq);
+            if lk == 0 {
+                return qs.zeros_like();
+            }
+            Tensor::scaled_dot_product_attention(
+                &qs.unsqueeze(0),
+                &k.narrow(1, k0, lk).unsqueeze(0),
+                &v.narrow(1, k0, lk).unsqueeze(0),
+                None::<Tensor>,
+                0.0,
+                causal(p),
+                scale(p),
+                true,
+            )
+            .squeeze_dim(0)
+        })
+        .collect();
+    vec![Tensor::cat(&outs, 1)]
+}
+
+/// The varlen backward the way PyTorch runs it: [`sdpa_backward`] (the CPU flash forward
+/// and backward) on each sequence, gradients written back into packed tensors.
+fn per_sequence_sdpa_backward(t: &[Tensor], p: &Params) -> Vec<Tensor> {
+    let (q, k, v, d_o) = (&t[0], &t[1], &t[2], &t[3]);
+    let (dq, dk, dv) = (q.zeros_like(), k.zeros_like(), v.zeros_like());
+    for ((q0, lq), (k0, lk)) in sequences(t, 4) {
+        if lq == 0 || lk == 0 {
+            continue;
+        }
+        let slice = |x: &Tensor, start, len| x.narrow(1, start, len).unsqueeze(0);
+        let grads = sdpa_backward(
+            &[
+                slice(q, q0, lq),
+                slice(k, k0, lk),
+                slice(v, k0, lk),
+                slice(d_o, q0, lq),
+            ],
+            p,
+        );
+        for (into, (g, (start, len))) in
+            [&dq, &dk, &dv]
+                .iter()
+                .zip(grads.iter().zip([(q0, lq), (k0, lk), (k0, lk)]))
+        {
+            into.narrow(1, start, len).copy_(&g.squeeze_dim(0));
+        }
+    }
+    vec![dq, dk, dv]
 }
 
 /// Whether attention has a sliding window or a soft-cap, which PyTorch's SDPA kernels do

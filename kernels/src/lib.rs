@@ -11,6 +11,7 @@ mod params;
 mod rope;
 mod softmax;
 mod swiglu;
+mod varlen_attention;
 
 use kernel_ir::{Array, Kernel};
 
@@ -24,6 +25,9 @@ pub use params::{ParamDef, ParamError, Params};
 pub use rope::{Rope, RopeConfig};
 pub use softmax::{Softmax, SoftmaxConfig};
 pub use swiglu::{Swiglu, SwigluConfig};
+pub use varlen_attention::{
+    check_cu_seqlens, VarlenAttention, VarlenAttentionBwd, VarlenConfig, VarlenPlan,
+};
 
 /// Runs one kernel on one backend (the interpreter, XLA, native code...).
 pub type Exec<'a> = dyn FnMut(&Kernel, &[Array]) -> Result<Vec<Array>, BoxError> + 'a;
@@ -141,6 +145,8 @@ pub fn all() -> Vec<&'static dyn LibraryKernel> {
         &FlashAttention,
         &FlashAttentionBwd,
         &PagedAttention,
+        &VarlenAttention,
+        &VarlenAttentionBwd,
     ]
 }
 

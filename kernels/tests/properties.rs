@@ -261,6 +261,103 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// Packed sequences of random lengths (one of a single token, some empty), tiles that
+    /// straddle sequence boundaries and ragged last tiles, other key lengths than query
+    /// lengths, causal, GQA/MQA, f32 and bf16; forward and backward.
+    #[test]
+    fn varlen_attention(batch in 1u64..=5,
+                        heads in prop_oneof![Just((1u64, 1u64)), Just((4, 2)), Just((3, 1))],
+                        total_q in prop_oneof![Just(1u64), 2u64..=90],
+                        total_k in prop_oneof![Just("none".to_string()), (1u64..=90).prop_map(|t| t.to_string())],
+                        head_dim in prop_oneof![Just(8u64), Just(24)],
+                        block_q in 1u64..=40, block_k in 1u64..=40, causal in any::<bool>(),
+                        dtype in prop_oneof![Just("f32"), Just("bf16")], seed in 0u64..1000) {
+        let case = [("batch", batch.to_string()), ("heads", heads.0.to_string()),
+            ("kv_heads", heads.1.to_string()), ("total_q", total_q.to_string()), ("total_k", total_k),
+            ("head_dim", head_dim.to_string()), ("block_q", block_q.to_string()),
+            ("block_k", block_k.to_string()), ("causal", causal.to_string()), ("dtype", dtype.into())];
+        check_params("varlen_attention", &case, seed)?;
+        check_params("varlen_attention_bwd", &case, seed)?;
+    }
+}
+
+/// Bad offsets are refused before anything runs, naming the entry; an empty sequence
+/// (of queries, or of keys) gives zeros and no gradient.
+#[test]
+fn varlen_attention_checks_its_offsets_and_takes_empty_sequences() {
+    let k = find("varlen_attention").unwrap();
+    let pairs = [
+        ("batch", "3"),
+        ("heads", "2"),
+        ("kv_heads", "1"),
+        ("total_q", "10"),
+        ("total_k", "12"),
+        ("head_dim", "8"),
+        ("block_q", "4"),
+        ("block_k", "4"),
+    ];
+    let p = Params::with(k.params(), &pairs).unwrap();
+    let inputs = k.inputs(&p, 1).unwrap();
+    let with = |cu_q: Vec<i32>, cu_k: Vec<i32>| {
+        let mut v = inputs.clone();
+        v[3] = Array::from_i32([cu_q.len() as u64], cu_q).unwrap();
+        v[4] = Array::from_i32([cu_k.len() as u64], cu_k).unwrap();
+        v
+    };
+    let err = |cu_q, cu_k| {
+        k.run(&p, &with(cu_q, cu_k), &mut interp)
+            .unwrap_err()
+            .to_string()
+    };
+    let e = err(vec![0, 6, 4, 10], vec![0, 4, 8, 12]);
+    assert!(
+        e.contains("cu_seqlens_q[2] = 4 is below cu_seqlens_q[1] = 6"),
+        "{e}"
+    );
+    let e = err(vec![0, 4, 8, 10], vec![0, 4, 8, 11]);
+    assert!(
+        e.contains("cu_seqlens_k[3] = 11: the last offset must be the 12"),
+        "{e}"
+    );
+    let e = err(vec![1, 4, 8, 10], vec![0, 4, 8, 12]);
+    assert!(
+        e.contains("cu_seqlens_q[0] = 1: the offsets must start at 0"),
+        "{e}"
+    );
+    let e = err(vec![0, 4, 10], vec![0, 4, 8, 12]);
+    assert!(
+        e.contains("cu_seqlens_q has 3 entries: expected batch + 1 = 4"),
+        "{e}"
+    );
+    let e = err(vec![0, -4, 8, 10], vec![0, 4, 8, 12]);
+    assert!(e.contains("cu_seqlens_q[1] = -4 is below"), "{e}");
+    // Sequence 1 has no keys: its queries (rows 3..7) come out 0; sequence 2 no queries.
+    let empty = with(vec![0, 3, 10, 10], vec![0, 5, 5, 12]);
+    let out = k.run(&p, &empty, &mut interp).unwrap();
+    let c = kernels::compare(&out, &k.reference(&p, &empty).unwrap(), k.tolerance(&p));
+    assert!(c.ok(), "{c:?}");
+    let rows: Vec<f64> = out[0].iter_f64().collect();
+    assert!(rows[3 * 8..10 * 8].iter().all(|&x| x == 0.0));
+    assert!(rows[..3 * 8].iter().any(|&x| x != 0.0));
+    let bwd = find("varlen_attention_bwd").unwrap();
+    let pb = Params::with(bwd.params(), &pairs).unwrap();
+    let mut bwd_inputs = bwd.inputs(&pb, 1).unwrap();
+    bwd_inputs[4] = empty[3].clone();
+    bwd_inputs[5] = empty[4].clone();
+    let grads = bwd.run(&pb, &bwd_inputs, &mut interp).unwrap();
+    let c = kernels::compare(
+        &grads,
+        &bwd.reference(&pb, &bwd_inputs).unwrap(),
+        bwd.tolerance(&pb),
+    );
+    assert!(c.ok(), "{c:?}");
+    // Keys 5..12 belong to sequence 2, which has no queries: no gradient reaches them.
+    assert!(grads[1].iter_f64().skip(5 * 8).all(|x| x == 0.0));
+}
+
 /// Bad block tables and lengths are refused before anything runs, naming the slot;
 /// an empty context gives zeros.
 #[test]

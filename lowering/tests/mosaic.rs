@@ -233,10 +233,11 @@ fn erf_verifies_and_compiles_for_v5e() {
 }
 
 /// Paged attention (its block table and lengths read as scalars from SMEM inside the
-/// body, `memref.load`), f32 and bf16, and attention with a sliding window and a
-/// soft-cap (`tanh`): libtpu compiles them for v5e.
+/// body, `memref.load`), f32 and bf16, attention with a sliding window and a soft-cap
+/// (`tanh`), and every kernel of varlen attention (tile tables in SMEM, per-row key
+/// spans, loops bounded by scalars): libtpu compiles them for v5e.
 #[test]
-fn paged_and_windowed_attention_compile_for_v5e() {
+fn paged_varlen_and_windowed_attention_compile_for_v5e() {
     let dir = tempfile::tempdir().unwrap();
     let cases = [
         ("paged_attention", "dtype=f32", "paged_f32"),
@@ -247,19 +248,43 @@ fn paged_and_windowed_attention_compile_for_v5e() {
             "windowed",
         ),
     ];
-    for (name, overrides, file) in cases {
+    let varlen = [
+        (
+            "varlen_attention_bwd",
+            "causal=true,total_q=640,block_q=128,block_k=128",
+            "varlen_f32",
+        ),
+        (
+            "varlen_attention_bwd",
+            "total_q=512,total_k=384,dtype=bf16,block_q=128,block_k=128",
+            "varlen_bf16",
+        ),
+    ];
+    let mut files = Vec::new();
+    for (name, overrides, file) in cases.into_iter().chain(varlen) {
         let k = find(name).unwrap();
         let p = Params::parse(k.params(), &[overrides.to_string()]).unwrap();
-        let kernel = &k.build(&p).unwrap()[0];
-        let text = mosaic::lower(kernel, &TpuLimits::default()).unwrap();
-        std::fs::write(dir.path().join(format!("{file}.mosaic.mlir")), text).unwrap();
+        // The first kernel of each op; every kernel of varlen attention's backward (its
+        // first is the forward).
+        let kernels = k.build(&p).unwrap();
+        let take = if name == "varlen_attention_bwd" {
+            kernels.len()
+        } else {
+            1
+        };
+        for (i, kernel) in kernels.iter().take(take).enumerate() {
+            let text = mosaic::lower(kernel, &TpuLimits::default()).unwrap();
+            let file = format!("{file}_{i}.mosaic.mlir");
+            std::fs::write(dir.path().join(&file), text).unwrap();
+            files.push(file);
+        }
     }
     let Some(python) = python() else { return };
     let dir = dir.path().to_str().unwrap();
     let compiled = run_checker(&python, &["--compile", "v5e:2x2", dir]);
-    for (_, _, file) in cases {
+    for file in files {
         assert!(
-            compiled.contains(&format!("compiled {file}.mosaic.mlir for v5e:2x2")),
+            compiled.contains(&format!("compiled {file} for v5e:2x2")),
             "{compiled}"
         );
     }

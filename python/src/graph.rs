@@ -106,8 +106,14 @@ fn custom_calls_unavailable() -> Option<String> {
 
 /// The `backend_config` JSON of the `tpu_custom_call` that runs library op `op` with
 /// `params` (its Mosaic body; the TPU rules are checked first), and the kernel's name.
+/// `operands` is how many tensors the call passes: an op whose kernel takes other inputs
+/// (derived on the host) is refused.
 #[pyfunction]
-fn tpu_custom_call_config(op: &str, params: Vec<String>) -> PyResult<(String, String)> {
+fn tpu_custom_call_config(
+    op: &str,
+    params: Vec<String>,
+    operands: usize,
+) -> PyResult<(String, String)> {
     let limits = lowering::tpu_rules::TpuLimits::default();
     if op == USER_OP {
         let call = UserCall::parse(&params).map_err(PyValueError::new_err)?;
@@ -126,6 +132,14 @@ fn tpu_custom_call_config(op: &str, params: Vec<String>) -> PyResult<(String, St
             kernels.len()
         )));
     };
+    let inputs = kernel.input_types().len();
+    if inputs != operands {
+        return Err(PyValueError::new_err(format!(
+            "{op}'s kernel takes {inputs} inputs that the host derives from the call's \
+             {operands} operands before running (varlen attention plans its tiles from the \
+             offsets); TPU export takes ops whose kernel takes the call's operands"
+        )));
+    }
     let config = lowering::mosaic::custom_call_config(kernel, &limits)
         .map_err(|e| PyValueError::new_err(format!("{op} {p}: {e}")))?;
     Ok((config, kernel.name.clone()))

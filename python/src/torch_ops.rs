@@ -125,6 +125,22 @@ pub(crate) const OPS: &[NativeOp] = &[
                  Tensor context_lens, float? scale=None) -> Tensor",
         run: paged_attention,
     },
+    NativeOp {
+        schema: "varlen_attention_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, \
+                 Tensor cu_seqlens_k, bool is_causal, float scale) -> (Tensor, Tensor)",
+        run: varlen_attention_fwd,
+    },
+    NativeOp {
+        schema: "varlen_attention_bwd(Tensor q, Tensor k, Tensor v, Tensor grad_out, \
+                 Tensor cu_seqlens_q, Tensor cu_seqlens_k, bool is_causal, float scale, \
+                 Tensor? out=None, Tensor? lse=None) -> (Tensor, Tensor, Tensor)",
+        run: varlen_attention_bwd,
+    },
+    NativeOp {
+        schema: "varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, \
+                 Tensor cu_seqlens_k, bool is_causal=False, float? scale=None) -> Tensor",
+        run: varlen_attention,
+    },
 ];
 
 /// The boxed kernel of `OPS[I]`.
@@ -147,8 +163,19 @@ extern "C-unwind" fn boxed<const I: usize>(stack: *mut StableIValue, args: u64, 
 pub(crate) fn kernels() -> Vec<(&'static str, BoxedKernel)> {
     // Sized by `OPS`: an op added there without a slot here does not compile.
     let table: [BoxedKernel; OPS.len()] = [
-        boxed::<0>, boxed::<1>, boxed::<2>, boxed::<3>, boxed::<4>, boxed::<5>, boxed::<6>,
-        boxed::<7>, boxed::<8>, boxed::<9>,
+        boxed::<0>,
+        boxed::<1>,
+        boxed::<2>,
+        boxed::<3>,
+        boxed::<4>,
+        boxed::<5>,
+        boxed::<6>,
+        boxed::<7>,
+        boxed::<8>,
+        boxed::<9>,
+        boxed::<10>,
+        boxed::<11>,
+        boxed::<12>,
     ];
     OPS.iter().map(NativeOp::name).zip(table).collect()
 }
@@ -692,46 +719,19 @@ impl Attention {
         self.q.numel() == 0 || self.k.numel() == 0
     }
 
-    /// The forward's output and log-sum-exp, when the caller saved them (both or
-    /// neither), checked against the query and made contiguous.
+    /// The forward's output and log-sum-exp `[batch, heads, q_len, 1]`, if saved.
     fn saved(&self, a: &mut Args) -> Result<Option<(Arg, Arg)>, OpError> {
-        let (out, lse) = match (a.0.next(), a.0.next()) {
-            (Some(Value::Tensor(o)), Some(Value::Tensor(l))) => (o, l),
-            (None | Some(Value::None), None | Some(Value::None)) => return Ok(None),
-            _ => {
-                return Err(bad(
-                    "out/lse: pass both of the forward's results or neither".into(),
-                ))
-            }
-        };
-        let out = Arg::new(Value::Tensor(out), "out")?.same_dtype(&self.q)?;
-        let lse = Arg::new(Value::Tensor(lse), "lse")?;
         let lse_shape = [self.q.shape[0], self.q.shape[1], self.q.shape[2], 1];
-        if out.shape != self.q.shape || lse.shape != lse_shape || lse.dtype != torch().f32 {
-            return Err(bad(format!(
-                "out/lse: expected the forward's {} output and float32 {} log-sum-exp, got {} and {} {}",
-                py_shape(&self.q.shape),
-                py_shape(&lse_shape),
-                py_shape(&out.shape),
-                torch().dtype_name(lse.dtype),
-                py_shape(&lse.shape)
-            )));
-        }
-        Ok(Some((out.contiguous()?, lse.contiguous()?)))
+        saved_forward(a, &self.q, &lse_shape)
     }
 
     /// The forward: output and log-sum-exp `[batch, heads, q_len, 1]` (f32).
     fn forward(self) -> Result<Vec<Tensor>, OpError> {
         let lse_shape = [self.q.shape[0], self.q.shape[1], self.q.shape[2], 1];
-        let lse = Tensor::empty(&lse_shape, torch().f32).map_err(OpError::NoMemory)?;
         if self.empty() {
-            // No keys: the output is zero and the log-sum-exp -inf (as PyTorch's SDPA).
-            let n = lse_shape.iter().product::<u64>() as usize;
-            // SAFETY: `lse` is a fresh contiguous f32 tensor of `n` elements.
-            unsafe { std::slice::from_raw_parts_mut(lse.data() as *mut f32, n) }
-                .fill(f32::NEG_INFINITY);
-            return Ok(vec![zeros(&self.q, &self.q.shape)?, lse]);
+            return no_keys(&self.q, &lse_shape);
         }
+        let lse = Tensor::empty(&lse_shape, torch().f32).map_err(OpError::NoMemory)?;
         let out = self.q.empty(&self.q.shape)?;
         let (q, k, v) = (
             self.q.contiguous()?,
@@ -745,6 +745,53 @@ impl Attention {
         ];
         launch("flash_attention", &self.params, &inputs, &outputs)?;
         Ok(vec![out, lse])
+    }
+}
+
+/// The forward's output and log-sum-exp (`lse_shape`, f32), when the caller saved them
+/// (both or neither), checked against the query and made contiguous.
+fn saved_forward(a: &mut Args, q: &Arg, lse_shape: &[u64]) -> Result<Option<(Arg, Arg)>, OpError> {
+    let (out, lse) = match (a.0.next(), a.0.next()) {
+        (Some(Value::Tensor(o)), Some(Value::Tensor(l))) => (o, l),
+        (None | Some(Value::None), None | Some(Value::None)) => return Ok(None),
+        _ => {
+            return Err(bad(
+                "out/lse: pass both of the forward's results or neither".into(),
+            ))
+        }
+    };
+    let out = Arg::new(Value::Tensor(out), "out")?.same_dtype(q)?;
+    let lse = Arg::new(Value::Tensor(lse), "lse")?;
+    if out.shape != q.shape || lse.shape != lse_shape || lse.dtype != torch().f32 {
+        return Err(bad(format!(
+            "out/lse: expected the forward's {} output and float32 {} log-sum-exp, got {} and {} {}",
+            py_shape(&q.shape),
+            py_shape(lse_shape),
+            py_shape(&out.shape),
+            torch().dtype_name(lse.dtype),
+            py_shape(&lse.shape)
+        )));
+    }
+    Ok(Some((out.contiguous()?, lse.contiguous()?)))
+}
+
+/// The forward's results when queries see no keys: output 0, log-sum-exp -inf (as
+/// PyTorch's SDPA).
+fn no_keys(q: &Arg, lse_shape: &[u64]) -> Result<Vec<Tensor>, OpError> {
+    let lse = Tensor::empty(lse_shape, torch().f32).map_err(OpError::NoMemory)?;
+    let n = lse_shape.iter().product::<u64>() as usize;
+    // SAFETY: `lse` is a fresh contiguous f32 tensor of `n` elements.
+    unsafe { std::slice::from_raw_parts_mut(lse.data() as *mut f32, n) }.fill(f32::NEG_INFINITY);
+    Ok(vec![zeros(q, &q.shape)?, lse])
+}
+
+/// `grad` in `like`'s dtype, contiguous (a conversion copies into fresh contiguous
+/// memory already).
+fn grad_like(grad: Arg, like: &Arg) -> Result<Arg, OpError> {
+    if grad.dtype == like.dtype {
+        grad.contiguous()
+    } else {
+        convert(grad, like)
     }
 }
 
@@ -790,12 +837,7 @@ fn flash_attention_bwd(args: Vec<Value>) -> Result<Vec<Tensor>, OpError> {
         .iter()
         .map(|t| t.empty(&t.shape))
         .collect::<Result<Vec<_>, _>>()?;
-    // A conversion copies into fresh contiguous memory already.
-    let grad = if grad.dtype == att.q.dtype {
-        grad.contiguous()?
-    } else {
-        convert(grad, &att.q)?
-    };
+    let grad = grad_like(grad, &att.q)?;
     let (q, k, v) = (
         att.q.contiguous()?,
         att.k.contiguous()?,
@@ -887,6 +929,189 @@ fn paged_attention(args: Vec<Value>) -> Result<Vec<Tensor>, OpError> {
     let outputs = [(out.data(), q.shape.clone(), q.dtype_name().to_string())];
     launch("paged_attention", &params, &inputs, &outputs)?;
     Ok(vec![out])
+}
+
+/// Checked varlen attention arguments (packed `[heads, tokens, head_dim]` q/k/v and
+/// int32 offsets, checked before anything runs) and the kernel parameters.
+struct Varlen {
+    q: Arg,
+    k: Arg,
+    v: Arg,
+    cu_q: Arg,
+    cu_k: Arg,
+    params: Vec<(&'static str, String)>,
+}
+
+impl Varlen {
+    /// Reads `q, k, v`, then (after `grad_out` for the backward, read by the caller
+    /// through `between`) the offsets, `is_causal` and `scale`.
+    fn new(
+        a: &mut Args,
+        between: impl FnOnce(&mut Args, &Arg) -> Result<(), OpError>,
+    ) -> Result<Varlen, OpError> {
+        let q = a.tensor("query")?.rank(3)?;
+        let k = a.tensor("key")?.rank(3)?.same_dtype(&q)?;
+        let v = a.tensor("value")?.rank(3)?.same_dtype(&q)?;
+        if q.dtype_name() == "f16" {
+            return Err(bad(
+                "query: varlen_attention takes float32 or bfloat16, got torch.float16".into(),
+            ));
+        }
+        let (h, tq, d) = (q.shape[0], q.shape[1], q.shape[2]);
+        if k.shape != v.shape || k.shape[2] != d {
+            return Err(bad(format!(
+                "key/value: shapes {}/{} must be equal [kv_heads, total_k, {d}]",
+                py_shape(&k.shape),
+                py_shape(&v.shape)
+            )));
+        }
+        let (hkv, tk) = (k.shape[0], k.shape[1]);
+        if hkv == 0 || h % hkv != 0 {
+            return Err(bad(format!(
+                "key: {hkv} heads do not divide the query's {h} heads"
+            )));
+        }
+        if d == 0 {
+            return Err(bad("query: head_dim must be at least 1".into()));
+        }
+        between(a, &q)?;
+        let offsets = |a: &mut Args, name| {
+            Arg::int32(a.0.next().unwrap_or(Value::None), name)?
+                .rank(1)?
+                .contiguous()
+        };
+        let cu_q = offsets(a, "cu_seqlens_q")?;
+        let cu_k = offsets(a, "cu_seqlens_k")?;
+        if cu_q.shape != cu_k.shape || cu_q.shape[0] == 0 {
+            return Err(bad(format!(
+                "cu_seqlens_q/cu_seqlens_k: shapes {}/{} must be equal (batch + 1,)",
+                py_shape(&cu_q.shape),
+                py_shape(&cu_k.shape)
+            )));
+        }
+        let batch = cu_q.shape[0] - 1;
+        kernels::check_cu_seqlens("cu_seqlens_q", cu_q.i32s(), batch, tq).map_err(bad)?;
+        kernels::check_cu_seqlens("cu_seqlens_k", cu_k.i32s(), batch, tk).map_err(bad)?;
+        let causal = a.flag();
+        let scale = a.float("scale")?.unwrap_or(1.0 / (d as f64).sqrt());
+        let params = vec![
+            ("batch", batch.to_string()),
+            ("heads", h.to_string()),
+            ("kv_heads", hkv.to_string()),
+            ("total_q", tq.to_string()),
+            ("total_k", tk.to_string()),
+            ("head_dim", d.to_string()),
+            ("causal", causal.to_string()),
+            ("scale", format!("{scale:?}")),
+            ("dtype", q.dtype_name().to_string()),
+        ];
+        Ok(Varlen {
+            q,
+            k,
+            v,
+            cu_q,
+            cu_k,
+            params,
+        })
+    }
+
+    fn empty(&self) -> bool {
+        self.q.numel() == 0 || self.k.numel() == 0
+    }
+
+    fn lse_shape(&self) -> [u64; 3] {
+        [self.q.shape[0], self.q.shape[1], 1]
+    }
+
+    /// q, k and v made contiguous.
+    fn into_contiguous(self) -> Result<Varlen, OpError> {
+        Ok(Varlen {
+            q: self.q.contiguous()?,
+            k: self.k.contiguous()?,
+            v: self.v.contiguous()?,
+            ..self
+        })
+    }
+
+    /// The kernel's inputs: `q, k, v`, then `extra`, then the offsets (`self` contiguous).
+    fn buffers(&self, extra: &[&Arg]) -> Vec<Buffer> {
+        let (q, k, v) = (&self.q, &self.k, &self.v);
+        let mut b = vec![q.buffer(&q.shape), k.buffer(&k.shape), v.buffer(&v.shape)];
+        b.extend(extra.iter().map(|a| a.buffer(&a.shape)));
+        b.extend([
+            self.cu_q.buffer(&self.cu_q.shape),
+            self.cu_k.buffer(&self.cu_k.shape),
+        ]);
+        b
+    }
+}
+
+fn varlen_attention_fwd(args: Vec<Value>) -> Result<Vec<Tensor>, OpError> {
+    let att = Varlen::new(&mut Args(args.into_iter()), |_, _| Ok(()))?;
+    let lse_shape = att.lse_shape();
+    if att.empty() {
+        return no_keys(&att.q, &lse_shape);
+    }
+    let lse = Tensor::empty(&lse_shape, torch().f32).map_err(OpError::NoMemory)?;
+    let out = att.q.empty(&att.q.shape)?;
+    let att = att.into_contiguous()?;
+    let outputs = [
+        (
+            out.data(),
+            att.q.shape.clone(),
+            att.q.dtype_name().to_string(),
+        ),
+        (lse.data(), lse_shape.to_vec(), "f32".to_string()),
+    ];
+    launch("varlen_attention", &att.params, &att.buffers(&[]), &outputs)?;
+    Ok(vec![out, lse])
+}
+
+fn varlen_attention(args: Vec<Value>) -> Result<Vec<Tensor>, OpError> {
+    let mut outs = varlen_attention_fwd(args)?;
+    outs.truncate(1);
+    Ok(outs)
+}
+
+fn varlen_attention_bwd(args: Vec<Value>) -> Result<Vec<Tensor>, OpError> {
+    let mut a = Args(args.into_iter());
+    let mut grad = None;
+    let att = Varlen::new(&mut a, |a, q| {
+        let g = a.tensor("grad_out")?.rank(3)?;
+        if g.shape != q.shape {
+            return Err(bad(format!(
+                "grad_out: shape {} differs from query's {}",
+                py_shape(&g.shape),
+                py_shape(&q.shape)
+            )));
+        }
+        grad = Some(g);
+        Ok(())
+    })?;
+    let saved = saved_forward(&mut a, &att.q, &att.lse_shape())?;
+    if att.empty() {
+        return [&att.q, &att.k, &att.v]
+            .iter()
+            .map(|t| zeros(t, &t.shape))
+            .collect();
+    }
+    let grads = [&att.q, &att.k, &att.v]
+        .iter()
+        .map(|t| t.empty(&t.shape))
+        .collect::<Result<Vec<_>, _>>()?;
+    let grad = grad_like(grad.expect("read by Varlen::new"), &att.q)?;
+    let att = att.into_contiguous()?;
+    let mut inputs = att.buffers(&[&grad]);
+    if let Some((out, lse)) = &saved {
+        inputs.extend([out.buffer(&out.shape), lse.buffer(&lse.shape)]);
+    }
+    let outputs: Vec<Buffer> = grads
+        .iter()
+        .zip([&att.q, &att.k, &att.v])
+        .map(|(g, t)| (g.data(), t.shape.clone(), t.dtype_name().to_string()))
+        .collect();
+    launch("varlen_attention_bwd", &att.params, &inputs, &outputs)?;
+    Ok(grads)
 }
 
 /// `a` converted to `like`'s dtype (PyTorch's copy converts).

@@ -244,6 +244,49 @@ def _(q, k_cache, v_cache, block_table, context_lens, scale=None):
     return _empty(q)
 
 
+def _varlen_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k):
+    """Checks packed ``[heads, tokens, head_dim]`` q/k/v and int32 offsets (their values
+    are checked by the CPU kernel, before it runs)."""
+    _check(q, "query", rank=3)
+    _check(k, "key", rank=3, dtype=q.dtype)
+    _check(v, "value", rank=3, dtype=q.dtype)
+    if q.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"query: varlen_attention takes float32 or bfloat16, got {q.dtype}")
+    if k.shape != v.shape or k.shape[2] != q.shape[2]:
+        raise ValueError(f"key/value: shapes {tuple(k.shape)}/{tuple(v.shape)} must be equal "
+                         f"[kv_heads, total_k, {q.shape[2]}]")
+    if k.shape[0] == 0 or q.shape[0] % k.shape[0]:
+        raise ValueError(f"key: {k.shape[0]} heads do not divide the query's {q.shape[0]} heads")
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if t.dtype != torch.int32 or t.dim() != 1 or t.shape[0] == 0:
+            raise ValueError(f"{name}: expected int32 offsets of shape (batch + 1,), got {t.dtype} {tuple(t.shape)}")
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise ValueError(f"cu_seqlens_q/cu_seqlens_k: shapes {tuple(cu_seqlens_q.shape)}/"
+                         f"{tuple(cu_seqlens_k.shape)} must be equal (batch + 1,)")
+    _same_device(query=q, key=k, value=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+
+
+@_fake("varlen_attention_fwd")
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal, scale):
+    _varlen_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    return _empty(q), q.new_empty((*q.shape[:2], 1), dtype=torch.float32)
+
+
+@_fake("varlen_attention_bwd")
+def _(q, k, v, grad_out, cu_seqlens_q, cu_seqlens_k, is_causal, scale, out=None, lse=None):
+    _varlen_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    if grad_out.shape != q.shape:
+        raise ValueError(f"grad_out: shape {tuple(grad_out.shape)} differs from query's {tuple(q.shape)}")
+    _same_device(query=q, grad_out=grad_out)
+    return _empty(q), _empty(k), _empty(v)
+
+
+@_fake("varlen_attention")
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal=False, scale=None):
+    _varlen_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    return _empty(q)
+
+
 # ---- autograd kernels ------------------------------------------------------------------
 
 _below_autograd = torch._C._AutoDispatchBelowAutograd
@@ -373,7 +416,44 @@ class _Attention(torch.autograd.Function):
 _autograd_kernel("flash_attention", _Attention)
 
 
+def _varlen_backward(ctx, grad_out, *grad_lse):
+    q, k, v, cu_q, cu_k, out, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.tessera.varlen_attention_bwd(
+        q, k, v, grad_out, cu_q, cu_k, ctx.is_causal, ctx.scale, out, lse)
+    return dq, dk, dv, None, None, None, None
+
+
+def _varlen_fwd_setup(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, is_causal, scale = inputs
+    ctx.save_for_backward(q, k, v, cu_q, cu_k, *output)
+    ctx.is_causal, ctx.scale = is_causal, scale
+    ctx.mark_non_differentiable(output[1])
+
+
+_differentiable("varlen_attention_fwd", _varlen_fwd_setup, _varlen_backward)
+
+
+class _VarlenAttention(torch.autograd.Function):
+    """``varlen_attention`` with gradients (the forward's log-sum-exp is kept for the
+    backward kernels)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, is_causal, scale):
+        ctx.is_causal = is_causal
+        ctx.scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+        with _below_autograd():
+            out, lse = torch.ops.tessera.varlen_attention_fwd.default(q, k, v, cu_q, cu_k, is_causal, ctx.scale)
+        ctx.save_for_backward(q, k, v, cu_q, cu_k, out, lse)
+        return out
+
+    backward = staticmethod(_varlen_backward)
+
+
+_autograd_kernel("varlen_attention", _VarlenAttention)
+
+
 _autograd_kernel("flash_attention_bwd")  # no gradients of gradients
+_autograd_kernel("varlen_attention_bwd")
 _autograd_kernel("paged_attention")  # decoding: no gradients
 
 

@@ -134,6 +134,21 @@ def test_paged_attention_in_graph_mode():
     assert tessera.graph_stats()["kernels"] == {"paged_attention": 1}, tessera.graph_stats()
 
 
+def test_varlen_attention_in_graph_mode_forward_and_backward():
+    from test_ops import varlen_inputs  # noqa: E402
+
+    def f(q, k, v, cu_q, cu_k):
+        return torch.ops.tessera.varlen_attention(q, k, v, cu_q, cu_k, True).sin().sum()
+
+    args = varlen_inputs([9, 1, 30], [12, 4, 30], grad=True)
+    got = torch.autograd.grad(compiled(f)(*args), args[:3])
+    want = torch.autograd.grad(f(*args), args[:3])
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    kernels = tessera.graph_stats()["kernels"]
+    assert "varlen_attention" in kernels and "varlen_attention_bwd" in kernels, kernels
+
+
 def test_bf16_model_matches_eager():
     model, (ids,) = build("llama")
     model = model.to(torch.bfloat16)
@@ -399,6 +414,18 @@ def test_tpu_export_names_the_kernel_the_tpu_rules_reject():
 
     with pytest.raises(GraphModeError, match="TPU: .*softmax"):
         tessera.export(Half(), torch.randn(8, 128, dtype=torch.float16), target="tpu")
+
+
+def test_tpu_export_refuses_varlen_attention_whose_tiles_are_planned_on_the_host():
+    from test_ops import varlen_inputs  # noqa: E402
+
+    class Packed(nn.Module):
+        def forward(self, q, k, v, cu_q, cu_k):
+            return torch.ops.tessera.varlen_attention(q, k, v, cu_q, cu_k, True)
+
+    with pytest.raises(GraphModeError, match="TPU: varlen_attention's kernel takes 6 inputs"):
+        tessera.export(Packed(), *varlen_inputs([5, 9]), target="tpu")
+    assert "tessera_op" in tessera.export(Packed(), *varlen_inputs([5, 9]), target="cpu")
 
 
 def test_cpu_export_is_the_module_graph_mode_runs():

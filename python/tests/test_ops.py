@@ -176,6 +176,93 @@ def test_paged_attention_refuses_bad_tables_before_running():
         ops.paged_attention(q, k, v, table.long(), lens)
 
 
+def offsets(lens):
+    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+
+
+def varlen_inputs(lens_q, lens_k=None, heads=4, kv_heads=2, d=16, dtype=torch.float32, grad=False):
+    lens_k = lens_q if lens_k is None else lens_k
+    q = torch.randn(heads, sum(lens_q), d, dtype=dtype, requires_grad=grad)
+    k = torch.randn(kv_heads, sum(lens_k), d, dtype=dtype, requires_grad=grad)
+    v = torch.randn(kv_heads, sum(lens_k), d, dtype=dtype, requires_grad=grad)
+    return q, k, v, offsets(lens_q), offsets(lens_k)
+
+
+def varlen_reference(q, k, v, cu_q, cu_k, is_causal=False, scale=None):
+    """The PyTorch way: SDPA (GQA) on each sequence's slice; no keys gives 0."""
+    outs = []
+    for b in range(len(cu_q) - 1):
+        qs = q[:, cu_q[b]:cu_q[b + 1]]
+        ks, vs = k[:, cu_k[b]:cu_k[b + 1]], v[:, cu_k[b]:cu_k[b + 1]]
+        if ks.shape[1] == 0:
+            outs.append(qs * 0.0)
+            continue
+        outs.append(F.scaled_dot_product_attention(qs[None], ks[None], vs[None], is_causal=is_causal,
+                                                   scale=scale, enable_gqa=True)[0])
+    return torch.cat(outs, 1)
+
+
+@pytest.mark.parametrize("lens_q,lens_k", [
+    ([5, 1, 37, 12], None), ([1], None), ([130], None), ([3, 0, 20], None),
+    ([9, 17, 4], [30, 2, 11]), ([40, 6], [0, 50]),
+])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 2), (3, 1), (2, 2)])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_varlen_attention_matches_sdpa_per_sequence_with_grads(lens_q, lens_k, heads, kv_heads, is_causal):
+    q, k, v, cu_q, cu_k = varlen_inputs(lens_q, lens_k, heads, kv_heads, grad=True)
+    same_outputs_and_grads(ops.varlen_attention(q, k, v, cu_q, cu_k, is_causal),
+                           varlen_reference(q, k, v, cu_q, cu_k, is_causal), (q, k, v))
+
+
+def test_varlen_attention_bf16_scale_opcheck_and_compile():
+    q, k, v, cu_q, cu_k = varlen_inputs([7, 1, 33], dtype=torch.bfloat16)
+    want = varlen_reference(q.float(), k.float(), v.float(), cu_q, cu_k, True, 0.3).bfloat16()
+    close(ops.varlen_attention(q, k, v, cu_q, cu_k, True, 0.3), want, torch.bfloat16)
+    args = varlen_inputs([5, 0, 9], [4, 3, 8], grad=True)
+    torch.library.opcheck(ops.varlen_attention, (*args, True))
+    compiled = torch.compile(lambda *a: ops.varlen_attention(*a, True), fullgraph=True)
+    close(compiled(*args), varlen_reference(*args, True), torch.float32)
+
+
+def test_varlen_attention_takes_token_major_views_and_empty_batches():
+    # [total, heads, head_dim] tensors (FlashAttention's layout) transposed: strided views.
+    lens = [6, 2, 11]
+    q, k, v = (torch.randn(19, h, 16).transpose(0, 1) for h in (4, 2, 2))
+    close(ops.varlen_attention(q, k, v, offsets(lens), offsets(lens)),
+          varlen_reference(q, k, v, offsets(lens), offsets(lens)), torch.float32)
+    # No tokens at all; queries without keys.
+    q, k, v, cu_q, cu_k = varlen_inputs([0, 0])
+    assert ops.varlen_attention(q, k, v, cu_q, cu_k).shape == (4, 0, 16)
+    q, k, v, cu_q, cu_k = varlen_inputs([3, 2], [0, 0], grad=True)
+    out = ops.varlen_attention(q, k, v, cu_q, cu_k)
+    assert out.eq(0).all()
+    out.sum().backward()
+    assert q.grad.eq(0).all()
+
+
+def test_varlen_attention_refuses_bad_offsets_before_running():
+    q, k, v, cu_q, cu_k = varlen_inputs([5, 3, 4])
+    bad = torch.tensor([0, 5, 3, 12], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"cu_seqlens_q\[2\] = 3 is below cu_seqlens_q\[1\] = 5"):
+        ops.varlen_attention(q, k, v, bad, cu_k)
+    with pytest.raises(ValueError, match=r"cu_seqlens_k\[3\] = 11: the last offset must be the 12"):
+        ops.varlen_attention(q, k, v, cu_q, torch.tensor([0, 5, 8, 11], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"cu_seqlens_q\[0\] = -1: the offsets must start at 0"):
+        ops.varlen_attention(q, k, v, torch.tensor([-1, 5, 8, 12], dtype=torch.int32), cu_k)
+    with pytest.raises(ValueError, match="cu_seqlens_q: expected torch.int32, got torch.int64"):
+        ops.varlen_attention(q, k, v, cu_q.long(), cu_k)
+    with pytest.raises(ValueError, match=r"cu_seqlens_q/cu_seqlens_k: shapes \(4,\)/\(3,\) must be equal"):
+        ops.varlen_attention(q, k, v, cu_q, cu_k[:3])
+    with pytest.raises(ValueError, match=r"key/value: shapes \(2, 12, 16\)/\(2, 11, 16\) must be equal"):
+        ops.varlen_attention(q, k, v[:, :11], cu_q, cu_k)
+    with pytest.raises(ValueError, match="key: 3 heads do not divide the query's 4 heads"):
+        ops.varlen_attention(q, k[:1].expand(3, -1, -1), v[:1].expand(3, -1, -1), cu_q, cu_k)
+    with pytest.raises(ValueError, match="query: expected rank 3"):
+        ops.varlen_attention(q[None], k, v, cu_q, cu_k)
+    with pytest.raises(ValueError, match="varlen_attention takes float32 or bfloat16"):
+        ops.varlen_attention(q.half(), k.half(), v.half(), cu_q, cu_k)
+
+
 def opcheck_args():
     x = torch.randn(5, 33, requires_grad=True)
     w, b = torch.randn(33, requires_grad=True), torch.randn(33, requires_grad=True)

@@ -159,4 +159,18 @@ proptest! {
             ("max_pages", max_pages.to_string()), ("dtype", if bf16 { "bf16" } else { "f32" }.into())];
         all_match("paged_attention", &case, seed)?;
     }
+
+    #[test]
+    fn varlen_attention(batch in 1u64..=4, heads in prop_oneof![Just((4u64, 2u64)), Just((2, 2)), Just((3, 1))],
+                        total_q in prop_oneof![Just(1u64), 2u64..=80], total_k in prop_oneof![Just(0u64), 1u64..=80],
+                        block_q in prop_oneof![Just(8u64), 1u64..=40], block_k in prop_oneof![Just(16u64), 1u64..=40],
+                        causal in any::<bool>(), bf16 in any::<bool>(), seed in 0u64..100) {
+        let total_k = if total_k == 0 { "none".to_string() } else { total_k.to_string() };
+        let case = [("batch", batch.to_string()), ("heads", heads.0.to_string()), ("kv_heads", heads.1.to_string()),
+            ("total_q", total_q.to_string()), ("total_k", total_k), ("head_dim", "32".into()),
+            ("block_q", block_q.to_string()), ("block_k", block_k.to_string()), ("causal", causal.to_string()),
+            ("dtype", if bf16 { "bf16" } else { "f32" }.into())];
+        all_match("varlen_attention", &case, seed)?;
+        all_match("varlen_attention_bwd", &case, seed)?;
+    }
 }

@@ -11,7 +11,7 @@ use crate::common::load_tile;
 
 /// Stores rows `[r0, r0 + rows)` of a block, skipping rows at or past `limit`.
 #[kernel_fn]
-fn store_rows(r: Ref, value: Tensor, rows: u64, cols: u64, r0: Tensor, limit: u64) {
+pub(crate) fn store_rows(r: Ref, value: Tensor, rows: u64, cols: u64, r0: Tensor, limit: u64) {
     if limit % rows != 0 {
         r.store_masked(s![.., ..], value, (iota([rows, cols], 0) + r0).lt(limit));
     } else {
@@ -21,7 +21,7 @@ fn store_rows(r: Ref, value: Tensor, rows: u64, cols: u64, r0: Tensor, limit: u6
 
 /// Loads a `[rows, 1]` block as a `[rows]` vector, masking rows at or past `limit`.
 #[kernel_fn]
-fn load_vector(r: Ref, rows: u64, r0: Tensor, limit: u64) -> Tensor {
+pub(crate) fn load_vector(r: Ref, rows: u64, r0: Tensor, limit: u64) -> Tensor {
     if limit % rows != 0 {
         r.load_masked(s![.., 0], (iota([rows], 0) + r0).lt(limit), 0.0)
     } else {

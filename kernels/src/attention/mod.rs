@@ -2,8 +2,8 @@
 //! soft-capping, GQA/MQA, ragged sequence lengths and f32 or bf16 inputs (f32
 //! accumulation).
 
-mod bwd;
-mod fwd;
+pub(crate) mod bwd;
+pub(crate) mod fwd;
 
 use kernel_ir::dsl::prelude::*;
 use kernel_ir::{AllocError, Array, DimSemantics};

@@ -13,6 +13,7 @@ for them until the torch backend form, then the casts are renamed in the printed
 module and the StableHLO pipeline runs in ``torch-mlir-opt``.
 """
 
+import math
 import os
 import re
 import subprocess
@@ -123,7 +124,36 @@ def kernel_call(node: torch.fx.Node) -> KernelCall:
         }
         ins = [(i, list(t.shape)) for i, t in enumerate(args[:5])]
         return KernelCall("paged_attention", params, ins, [(list(q.shape), dt)], [0])
+    if name in ("varlen_attention", "varlen_attention_fwd", "varlen_attention_bwd"):
+        return _varlen_call(node, name, args)
     raise LoweringError(f"tessera.{name} has no custom-call lowering")
+
+
+def _varlen_call(node: torch.fx.Node, name: str, args: list) -> KernelCall:
+    """The custom call of a varlen attention node: q, k, v (and grad_out) and the offsets
+    go in (the kernel plans its tiles from the offsets at run time); the backward
+    recomputes the forward rather than taking the saved results."""
+    named = {a.name: a.default_value for a in node.target._schema.arguments}
+    named.update(zip(named, args))
+    named.update(node.kwargs)
+    q, k = named["q"], named["k"]
+    h, total_q, d = q.shape
+    scale = named.get("scale")
+    dt = _DTYPES[q.dtype]
+    params = {
+        "batch": named["cu_seqlens_q"].shape[0] - 1, "heads": h, "kv_heads": k.shape[0],
+        "total_q": total_q, "total_k": k.shape[1], "head_dim": d,
+        "causal": "true" if named.get("is_causal") else "false",
+        "scale": repr(1.0 / math.sqrt(d) if scale is None else float(scale)), "dtype": dt,
+    }
+    if name == "varlen_attention_bwd":
+        operands = ("q", "k", "v", "grad_out", "cu_seqlens_q", "cu_seqlens_k")
+        ins = [(i, list(named[n].shape)) for i, n in enumerate(operands)]
+        outs = [(list(named[n].shape), dt) for n in ("q", "k", "v")]
+        return KernelCall("varlen_attention_bwd", params, ins, outs, [0, 1, 2])
+    ins = [(i, list(named[n].shape)) for i, n in enumerate(("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k"))]
+    outs = [(list(q.shape), dt), ([h, total_q, 1], "f32")]
+    return KernelCall("varlen_attention", params, ins, outs, [0] if name == "varlen_attention" else [0, 1])
 
 
 def lift_constants(gm: torch.fx.GraphModule) -> List[torch.Tensor]:
@@ -194,7 +224,7 @@ def _custom_call(ir, call: KernelCall, operands, target: str):
     else:
         try:
             config, name = _tessera.tpu_custom_call_config(
-                call.kernel, [f"{k}={v}" for k, v in call.params.items()])
+                call.kernel, [f"{k}={v}" for k, v in call.params.items()], len(call.inputs))
         except ValueError as e:
             raise LoweringError(f"TPU: {e}") from None
 
