@@ -83,24 +83,16 @@ impl KernelBuilder {
 
     /// Declares an input array cut into blocks by `block`.
     pub fn input(&mut self, name: impl Into<String>, ty: TensorType, block: BlockSpec) -> RefId {
-        self.add_ref(
-            name.into(),
-            RefKind::Input,
-            ty,
-            Some(block),
-            MemorySpace::Vmem,
-        )
+        // As the parser does: an I/O ref's space is its block's.
+        let space = block.memory_space;
+        self.add_ref(name.into(), RefKind::Input, ty, Some(block), space)
     }
 
     /// Declares an output array cut into blocks by `block`.
     pub fn output(&mut self, name: impl Into<String>, ty: TensorType, block: BlockSpec) -> RefId {
-        self.add_ref(
-            name.into(),
-            RefKind::Output,
-            ty,
-            Some(block),
-            MemorySpace::Vmem,
-        )
+        // As the parser does: an I/O ref's space is its block's.
+        let space = block.memory_space;
+        self.add_ref(name.into(), RefKind::Output, ty, Some(block), space)
     }
 
     /// Declares a VMEM scratch buffer that persists across the programs one core runs.

@@ -137,7 +137,8 @@ impl IndexBinOp {
     }
 }
 
-/// An expression over program ids: one result of an index map.
+/// An expression over program ids (and scalar-prefetch operands): one result of an
+/// index map.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum IndexExpr {
     /// The program id along a grid axis.
@@ -146,15 +147,39 @@ pub enum IndexExpr {
     Const(i64),
     /// A binary operation.
     Bin(IndexBinOp, Box<IndexExpr>, Box<IndexExpr>),
+    /// One element of a scalar-prefetch operand (Pallas's `PrefetchScalarGridSpec`): an
+    /// i32 input among the kernel's leading ones, whole in SMEM, read before the
+    /// program's blocks are placed.
+    Scalar(RefId, Vec<IndexExpr>),
 }
 
+/// Reads element `index` of scalar-prefetch operand `ref`, or says why it cannot.
+pub type ScalarRead<'a> = dyn FnMut(RefId, &[i64]) -> Result<i64, String> + 'a;
+
 impl IndexExpr {
-    /// Evaluates the expression at the given program ids.
+    /// Evaluates the expression at the given program ids; `None` if it reads a
+    /// scalar-prefetch operand (see [`IndexExpr::eval_with`]), divides by zero or
+    /// overflows.
     pub fn eval(&self, pids: &[u64]) -> Option<i64> {
+        self.eval_with(pids, &mut |_, _| Err(String::new())).ok()
+    }
+
+    /// Evaluates the expression at the given program ids, reading scalar-prefetch
+    /// operands through `read`.
+    pub fn eval_with(&self, pids: &[u64], read: &mut ScalarRead) -> Result<i64, String> {
         self.fold(&mut |node| match node {
-            IndexNode::ProgramId(axis) => pids.get(axis).map(|&p| p as i64),
-            IndexNode::Const(c) => Some(c),
-            IndexNode::Bin(op, a, b) => op.apply(a?, b?),
+            IndexNode::ProgramId(axis) => pids
+                .get(axis)
+                .map(|&p| p as i64)
+                .ok_or_else(|| format!("program id {axis} is outside the grid")),
+            IndexNode::Const(c) => Ok(c),
+            IndexNode::Bin(op, a, b) => op
+                .apply(a?, b?)
+                .ok_or_else(|| "division by zero or overflow".to_string()),
+            IndexNode::Scalar(r, index) => {
+                let index = index.into_iter().collect::<Result<Vec<_>, _>>()?;
+                read(r, &index)
+            }
         })
     }
 
@@ -168,16 +193,33 @@ impl IndexExpr {
                 let (a, b) = (a.fold(f), b.fold(f));
                 f(IndexNode::Bin(*op, a, b))
             }
+            IndexExpr::Scalar(r, index) => {
+                let index = index.iter().map(|e| e.fold(f)).collect();
+                f(IndexNode::Scalar(*r, index))
+            }
         }
     }
 
     /// The largest program axis referenced, if any.
     pub fn max_axis(&self) -> Option<usize> {
-        match self {
-            IndexExpr::ProgramId(axis) => Some(*axis),
-            IndexExpr::Const(_) => None,
-            IndexExpr::Bin(_, a, b) => a.max_axis().max(b.max_axis()),
-        }
+        self.fold(&mut |node: IndexNode<Option<usize>>| match node {
+            IndexNode::ProgramId(axis) => Some(axis),
+            IndexNode::Const(_) => None,
+            IndexNode::Bin(_, a, b) => a.max(b),
+            IndexNode::Scalar(_, index) => index.into_iter().flatten().max(),
+        })
+    }
+
+    /// The scalar-prefetch operands the expression reads, with the index rank of each
+    /// read.
+    pub fn scalar_reads(&self) -> Vec<(RefId, usize)> {
+        let mut reads = Vec::new();
+        self.fold(&mut |node: IndexNode<()>| {
+            if let IndexNode::Scalar(r, index) = node {
+                reads.push((r, index.len()));
+            }
+        });
+        reads
     }
 
     /// `self op rhs`, for building maps by hand.
@@ -188,7 +230,7 @@ impl IndexExpr {
 
 /// One node of an [`IndexExpr`] with its children already computed (see
 /// [`IndexExpr::fold`]).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub enum IndexNode<V> {
     /// The program id along a grid axis.
     ProgramId(usize),
@@ -196,6 +238,8 @@ pub enum IndexNode<V> {
     Const(i64),
     /// A binary operation on the children's values.
     Bin(IndexBinOp, V, V),
+    /// A read of a scalar-prefetch operand at the children's values.
+    Scalar(RefId, Vec<V>),
 }
 
 impl From<i64> for IndexExpr {
@@ -222,6 +266,11 @@ impl IndexMap {
     /// Block indices at the given program ids; `None` if an expression cannot be evaluated.
     pub fn eval(&self, pids: &[u64]) -> Option<Vec<i64>> {
         self.exprs.iter().map(|e| e.eval(pids)).collect()
+    }
+
+    /// Whether some block index depends on a scalar-prefetch operand.
+    pub fn reads_scalars(&self) -> bool {
+        self.exprs.iter().any(|e| !e.scalar_reads().is_empty())
     }
 }
 
@@ -895,6 +944,19 @@ impl Kernel {
     /// Total number of programs in the grid.
     pub fn num_programs(&self) -> u64 {
         self.grid.iter().product()
+    }
+
+    /// How many leading inputs are scalar-prefetch operands: up to the last one an index
+    /// map reads (Pallas's `num_scalar_prefetch`; 0 when no index map reads one).
+    pub fn scalar_prefetch(&self) -> usize {
+        self.refs
+            .iter()
+            .filter_map(|r| r.block.as_ref())
+            .flat_map(|b| &b.index_map.exprs)
+            .flat_map(IndexExpr::scalar_reads)
+            .map(|(r, _)| r.0 as usize + 1)
+            .max()
+            .unwrap_or(0)
     }
 }
 

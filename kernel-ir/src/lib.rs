@@ -23,7 +23,10 @@ pub use array::{
     human_bytes, round_to, try_vec, try_with_capacity, AllocError, Array, ArrayData, ArrayError,
 };
 pub use builder::KernelBuilder;
-pub use interp::{check_allocatable, check_inputs, interpret, InterpretOptions, RunError};
+pub use interp::{
+    check_allocatable, check_inputs, check_scalar_prefetch, interpret, prefetch_data,
+    InterpretOptions, RunError,
+};
 pub use ir::*;
 pub use ops::{OpFamily, OpTraits};
 pub use parse::{parse_kernel, ParseError};

@@ -596,6 +596,28 @@ impl Parser {
                 self.punct(')')?;
                 Ok(a.bin(op, b))
             }
+            Tok::Percent(name) => {
+                self.next();
+                // Scalar-prefetch operands are leading inputs, so declared already.
+                let Some(r) = self.refs.iter().position(|r| r.name == name) else {
+                    return Err(self.error_here(format!(
+                        "index maps read scalar-prefetch operands declared before them; \
+                         %{name} is not"
+                    )));
+                };
+                self.punct('[')?;
+                let mut index = Vec::new();
+                if !self.eat_punct(']') {
+                    loop {
+                        index.push(self.index_expr(params)?);
+                        if self.eat_punct(']') {
+                            break;
+                        }
+                        self.punct(',')?;
+                    }
+                }
+                Ok(IndexExpr::Scalar(RefId(r as u32), index))
+            }
             Tok::Ident(s) => match params.iter().position(|p| *p == s) {
                 Some(axis) => {
                     self.next();

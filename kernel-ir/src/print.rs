@@ -110,7 +110,7 @@ pub fn print_kernel(kernel: &Kernel) -> String {
                     .index_map
                     .exprs
                     .iter()
-                    .map(|e| index_expr(e, true))
+                    .map(|e| index_expr(kernel, e, true))
                     .collect();
                 let _ = writeln!(
                     out,
@@ -143,9 +143,18 @@ fn list<T: ToString>(items: &[T]) -> String {
     )
 }
 
-fn index_expr(e: &IndexExpr, top: bool) -> String {
+fn index_expr(kernel: &Kernel, e: &IndexExpr, top: bool) -> String {
+    let index_expr = |e, top| index_expr(kernel, e, top);
     match e {
         IndexExpr::ProgramId(axis) => format!("i{axis}"),
+        IndexExpr::Scalar(r, index) => {
+            let name = kernel
+                .refs
+                .get(r.0 as usize)
+                .map_or_else(|| format!("?{}", r.0), |d| d.name.clone());
+            let index: Vec<String> = index.iter().map(|e| index_expr(e, true)).collect();
+            format!("%{name}[{}]", index.join(", "))
+        }
         IndexExpr::Const(c) if *c < 0 && !top => format!("({c})"),
         IndexExpr::Const(c) => c.to_string(),
         IndexExpr::Bin(op, a, b) => {

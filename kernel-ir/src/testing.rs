@@ -1,6 +1,7 @@
 //! Kernels for testing backends: [`op_zoo`] uses every op of the IR, so a backend that
 //! matches the interpreter on it implements the whole op set. [`check_text_input`] is
-//! what the parser fuzzer asserts of every input.
+//! what the parser fuzzer asserts of every input. [`prefetch_gather`] places blocks from
+//! a scalar-prefetch table.
 
 use crate::dsl::prelude::*;
 use crate::dsl::{branch, for_range};
@@ -93,6 +94,31 @@ fn small_enough_to_run(k: &Kernel, text: &str) -> bool {
         && k.refs.iter().all(|r| small(&r.ty))
         && k.value_types.iter().all(small)
         && !text.contains(" for ")
+}
+
+/// A kernel whose index maps read a scalar-prefetch operand (Pallas's
+/// `PrefetchScalarGridSpec`): output block `i` (of `block_rows` rows of `cols`) is input
+/// block `table[i]` doubled, plus `table[i]` read again as a scalar in the body. Inputs
+/// `table: i32[out_blocks]` (each entry below `in_blocks`), `x: f32[in_blocks *
+/// block_rows, cols]`; output `f32[out_blocks * block_rows, cols]`.
+pub fn prefetch_gather(in_blocks: u64, out_blocks: u64, block_rows: u64, cols: u64) -> Kernel {
+    let at = |blocks: u64| TensorType::new(DType::F32, [blocks * block_rows, cols]);
+    pallas_call(|table: Ref, x: Ref, o: Ref| {
+        crate::dsl::kernel_prologue("prefetch_gather", &[(table, "table"), (x, "x"), (o, "o")]);
+        let t = table.load(crate::s![program_id(0)]).cast(DType::F32);
+        o.write(x.read() * 2.0 + t);
+    })
+    .grid([out_blocks])
+    .scalar_prefetch(TensorType::new(DType::I32, [out_blocks]))
+    .input(
+        at(in_blocks),
+        block_spec([block_rows, cols], |i| {
+            vec![crate::dsl::prefetched(0, [i[0].clone()]), 0.into()]
+        }),
+    )
+    .output(at(out_blocks), spec([block_rows, cols]))
+    .build()
+    .expect("prefetch_gather verifies")
 }
 
 /// The parser's contract on untrusted text: any input is parsed (and so verified) or

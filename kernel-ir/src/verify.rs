@@ -4,9 +4,10 @@
 use std::collections::HashSet;
 use std::fmt;
 
-use crate::ir::{BlockDim, Kernel, Op, OpKind, RefKind, Region, Value};
+use crate::ir::{BlockDim, IndexExpr, Kernel, MemorySpace, Op, OpKind, RefKind, Region, Value};
 use crate::ops::infer;
 use crate::print::Namer;
+use crate::types::DType;
 
 /// Why a kernel is invalid.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -109,6 +110,54 @@ fn verify_header(kernel: &Kernel) -> Result<(), VerifyError> {
             (Some(spec), _) => verify_block_spec(kernel, &what, &r.ty.shape, spec)?,
         }
     }
+    verify_scalar_prefetch(kernel)
+}
+
+/// The operands index maps read are the kernel's leading inputs, each an i32 array whole
+/// in SMEM at a fixed block (as Pallas's scalar prefetch), read at their rank.
+fn verify_scalar_prefetch(kernel: &Kernel) -> Result<(), VerifyError> {
+    for r in &kernel.refs {
+        let Some(spec) = &r.block else { continue };
+        let what = format!("{} %{}", r.kind.keyword(), r.name);
+        for (read, rank) in spec.index_map.exprs.iter().flat_map(|e| e.scalar_reads()) {
+            let Some(target) = kernel.refs.get(read.0 as usize) else {
+                return Err(header_error(
+                    what,
+                    format!("index map reads ref {} of {}", read.0, kernel.refs.len()),
+                ));
+            };
+            if rank != target.ty.rank() {
+                return Err(header_error(
+                    what,
+                    format!(
+                        "index map reads %{} with {rank} indices, but it has rank {}",
+                        target.name,
+                        target.ty.rank()
+                    ),
+                ));
+            }
+        }
+    }
+    for r in &kernel.refs[..kernel.scalar_prefetch()] {
+        let whole = r.block.as_ref().is_some_and(|b| {
+            b.memory_space == MemorySpace::Smem
+                && b.block_shape
+                    .iter()
+                    .zip(&r.ty.shape)
+                    .all(|(d, &n)| *d == BlockDim::Size(n))
+                && b.index_map.exprs.iter().all(|e| *e == IndexExpr::Const(0))
+        });
+        if r.kind != RefKind::Input || r.ty.dtype != DType::I32 || !whole {
+            return Err(header_error(
+                format!("{} %{}", r.kind.keyword(), r.name),
+                format!(
+                    "a scalar-prefetch operand (index maps read the first {} inputs): it must \
+                     be an i32 input whose block is the whole array in smem, at block 0",
+                    kernel.scalar_prefetch()
+                ),
+            ));
+        }
+    }
     Ok(())
 }
 
@@ -165,26 +214,47 @@ fn verify_block_spec(
         }
     }
     for pids in sample_programs(&kernel.grid) {
-        check_block_in_bounds(what, shape, spec, &pids)?;
+        block_starts(what, shape, spec, &pids, None)?;
     }
     Ok(())
 }
 
-/// Checks that the block that program `pids` maps to starts inside the array.
-pub(crate) fn check_block_in_bounds(
+/// Where the block that program `pids` maps to starts, per array dim, checked to lie
+/// inside the array. Scalar-prefetch operands are read through `read`; without one (the
+/// verifier, before any data exists) the dims that read them are not checked (start 0).
+pub(crate) fn block_starts(
     what: &str,
     shape: &[u64],
     spec: &crate::ir::BlockSpec,
     pids: &[u64],
+    mut read: Option<&mut crate::ir::ScalarRead>,
 ) -> Result<Vec<u64>, VerifyError> {
     let err = |m: String| Err(header_error(what, m));
-    let Some(blocks) = spec.index_map.eval(pids) else {
-        return err(format!(
-            "index map cannot be evaluated at program {pids:?} (division by zero or overflow)"
-        ));
-    };
     let mut starts = Vec::with_capacity(shape.len());
-    for (dim, ((&b, bd), &n)) in blocks.iter().zip(&spec.block_shape).zip(shape).enumerate() {
+    for (dim, ((e, bd), &n)) in spec
+        .index_map
+        .exprs
+        .iter()
+        .zip(&spec.block_shape)
+        .zip(shape)
+        .enumerate()
+    {
+        let b = match read.as_deref_mut() {
+            None if !e.scalar_reads().is_empty() => {
+                starts.push(0);
+                continue;
+            }
+            None => e.eval_with(pids, &mut |_, _| unreachable!("reads no scalars")),
+            Some(read) => e.eval_with(pids, read),
+        };
+        let b = match b {
+            Ok(b) => b,
+            Err(why) => {
+                return err(format!(
+                    "index map cannot be evaluated at program {pids:?} ({why})"
+                ))
+            }
+        };
         let start = i128::from(b) * i128::from(bd.extent());
         if b < 0 || start >= i128::from(n) {
             return err(format!(

@@ -273,3 +273,36 @@ fn try_vec_reports_what_and_size() {
     let v = kernel_ir::try_vec(|| "a buffer".into(), 5, 7u8).unwrap();
     assert_eq!(v, vec![7; 5]);
 }
+
+/// Blocks placed by a scalar-prefetch table: any permutation or repetition of input
+/// blocks; entries outside the input fault naming the program, the ref and the block.
+#[test]
+fn scalar_prefetch_places_blocks_from_the_table() {
+    let k = kernel_ir::testing::prefetch_gather(4, 5, 8, 16);
+    let x = random(DType::F32, &[32, 16], 3);
+    let table = [3, 0, 0, 2, 1];
+    let t = Array::from_i32([5], table.to_vec()).unwrap();
+    let out = run(&k, &[t, x.clone()]);
+    let (xs, got) = (x.to_f64(), out[0].to_f64());
+    for (i, &b) in table.iter().enumerate() {
+        for e in 0..8 * 16 {
+            let want = f64::from(xs[b as usize * 128 + e] as f32 * 2.0 + b as f32);
+            assert_eq!(got[i * 128 + e], want, "block {i} element {e}");
+        }
+    }
+    for (bad, message) in [
+        (4, "gives block index 4 for dim 0, which starts at element 32, outside the array dim of 32"),
+        (-1, "gives block index -1 for dim 0"),
+    ] {
+        let t = Array::from_i32([5], vec![0, 1, bad, 2, 3]).unwrap();
+        let e = interpret(&k, &[t, x.clone()], &InterpretOptions::default()).unwrap_err();
+        match &e {
+            RunError::Fault { program, op, message: m } => {
+                assert_eq!(program, &[2]);
+                assert_eq!(op, "in %x");
+                assert!(m.contains(message), "{m}");
+            }
+            other => panic!("{other}"),
+        }
+    }
+}

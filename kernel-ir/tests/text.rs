@@ -11,7 +11,27 @@ fn samples() -> Vec<Kernel> {
         matmul_grid_k(32, 64, 48, 16, 16, 16),
         matmul_loop(16, 96, 24, 8, 32),
         kernel_ir::testing::op_zoo(),
+        kernel_ir::testing::prefetch_gather(4, 3, 8, 16),
     ]
+}
+
+/// Scalar-prefetch reads print as `%table[...]`, nested and in arithmetic, and parse
+/// back to the same maps.
+#[test]
+fn scalar_prefetch_reads_print_and_parse() {
+    let text = print_kernel(&kernel_ir::testing::prefetch_gather(4, 3, 8, 16));
+    assert!(text.contains("map (i0) -> (%table[i0], 0) vmem"), "{text}");
+    let nested = text.replace(
+        "map (i0) -> (%table[i0], 0) vmem",
+        "map (i0) -> (min(%table[%table[i0 floordiv 2]] + 1, 3), 0) vmem",
+    );
+    let k = parse_kernel(&nested).unwrap_or_else(|e| panic!("{e}\n{nested}"));
+    assert_eq!(print_kernel(&k), nested);
+    let e = parse_err(&text.replace("(%table[i0], 0)", "(%o[i0], 0)"));
+    assert!(
+        e.contains("index maps read scalar-prefetch operands declared before them; %o is not"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -148,3 +148,56 @@ fn values_are_scoped_to_their_region() {
         other => panic!("{other:?}"),
     }
 }
+
+/// The operands index maps read are the leading inputs: i32, whole in SMEM, at block 0,
+/// read at their rank.
+#[test]
+fn scalar_prefetch_rules() {
+    let table = "  in %t : i32[2] block [2] map (i) -> (0) smem";
+    let reads = "  in %x : f32[16, 128] block [8, 128] map (i) -> (%t[i], 0) vmem
+  out %o : f32[16, 128] block [8, 128] map (i) -> (i, 0) vmem";
+    parse_kernel(&kernel(GRID, &format!("{table}\n{reads}"), COPY)).unwrap();
+    let bad = [
+        (
+            "  in %t : f32[2] block [2] map (i) -> (0) smem",
+            "in %t",
+            "must be an i32 input",
+        ),
+        (
+            "  in %t : i32[2] block [2] map (i) -> (0) vmem",
+            "in %t",
+            "whole array in smem",
+        ),
+        (
+            "  in %t : i32[4] block [2] map (i) -> (0) smem",
+            "in %t",
+            "whole array in smem",
+        ),
+        (
+            "  in %t : i32[2] block [2] map (i) -> (i * 0) smem",
+            "in %t",
+            "at block 0",
+        ),
+    ];
+    for (decl, op, message) in bad {
+        assert_rejects(GRID, &format!("{decl}\n{reads}"), COPY, op, message);
+    }
+    // An input before the one the map reads is a scalar-prefetch operand too.
+    let first = "  in %y : f32[16, 128] block [8, 128] map (i) -> (i, 0) vmem";
+    let reads_second = reads.replace("%t[i]", "%t2[i]");
+    assert_rejects(
+        GRID,
+        &format!("{first}\n  in %t2 : i32[2] block [2] map (i) -> (0) smem\n{reads_second}"),
+        COPY,
+        "in %y",
+        "index maps read the first 2 inputs",
+    );
+    let wrong_rank = reads.replace("%t[i]", "%t[i, 0]");
+    assert_rejects(
+        GRID,
+        &format!("{table}\n{wrong_rank}"),
+        COPY,
+        "in %x",
+        "reads %t with 2 indices, but it has rank 1",
+    );
+}

@@ -152,7 +152,32 @@ def pallas_matmul_body():
         )(x, y)
 
     x = jnp.zeros((256, 256), jnp.float32)
-    text = jax.jit(call).trace(x, x).lower(lowering_platforms=("tpu",)).as_text()
+    return stored_body(call, x, x)
+
+
+def pallas_prefetch_gather_body():
+    """JAX Pallas's Mosaic body of kernel_ir::testing::prefetch_gather(4, 5, 8, 128): a
+    scalar-prefetch table places each program's input block."""
+    def kernel(table_ref, x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2.0 + table_ref[pl.program_id(0)].astype(jnp.float32)
+
+    def call(table, x):
+        grid_spec = pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(5,),
+            in_specs=[pl.BlockSpec((8, 128), lambda i, table: (table[i], 0))],
+            out_specs=pl.BlockSpec((8, 128), lambda i, table: (i, 0)))
+        return pl.pallas_call(
+            kernel, grid_spec=grid_spec, out_shape=jax.ShapeDtypeStruct((40, 128), jnp.float32),
+            compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+        )(table, x)
+
+    return stored_body(call, jnp.zeros((5,), jnp.int32), jnp.zeros((32, 128), jnp.float32))
+
+
+def stored_body(call, *args):
+    """The Mosaic body of the one `tpu_custom_call` JAX emits for `call(*args)`, decoded
+    from its stored (versioned bytecode) form."""
+    text = jax.jit(call).trace(*args).lower(lowering_platforms=("tpu",)).as_text()
     config = re.search(r'backend_config = "(.*?)"(, | \})', text).group(1)
     config = json.loads(re.sub(r"\\([0-9A-Fa-f]{2})", lambda g: chr(int(g.group(1), 16)), config))
     stored = base64.b64decode(config["custom_call_config"]["body"])
@@ -193,10 +218,13 @@ def summary(text):
         return out
 
 
-def compare_pallas(ours_file):
+PALLAS_BODIES = {"matmul": pallas_matmul_body, "prefetch_gather": pallas_prefetch_gather_body}
+
+
+def compare_pallas(name, ours_file):
     ours_bodies = custom_calls(pathlib.Path(ours_file).read_text())
     assert len(ours_bodies) == 1, "one kernel expected"
-    ours, theirs = summary(ours_bodies[0]), summary(pallas_matmul_body())
+    ours, theirs = summary(ours_bodies[0]), summary(PALLAS_BODIES[name]())
     for key in theirs:
         if ours[key] != theirs[key]:
             raise AssertionError(f"{key}: tessera {ours[key]} vs pallas {theirs[key]}")
@@ -226,7 +254,7 @@ def compile_dir(topology, directory):
 if __name__ == "__main__":
     try:
         if sys.argv[1] == "--compare-pallas":
-            compare_pallas(sys.argv[2])
+            compare_pallas(sys.argv[2], sys.argv[3])
         elif sys.argv[1] == "--compile":
             compile_dir(sys.argv[2], sys.argv[3])
         else:

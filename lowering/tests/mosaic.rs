@@ -112,7 +112,10 @@ fn matmul_matches_what_jax_pallas_emits() {
     let path = dir.path().join("matmul.mlir");
     std::fs::write(&path, mosaic::lower(kernel, &TpuLimits::default()).unwrap()).unwrap();
     let Some(python) = python() else { return };
-    let report = run_checker(&python, &["--compare-pallas", path.to_str().unwrap()]);
+    let report = run_checker(
+        &python,
+        &["--compare-pallas", "matmul", path.to_str().unwrap()],
+    );
     for key in [
         "iteration_bounds",
         "dimension_semantics",
@@ -122,6 +125,51 @@ fn matmul_matches_what_jax_pallas_emits() {
     ] {
         assert!(report.contains(&format!("same {key}")), "{report}");
     }
+}
+
+/// Scalar prefetch as Pallas's `PrefetchScalarGridSpec` emits it: the table a leading
+/// SMEM argument with no window, `scalar_prefetch = 1`, transforms that take it and
+/// `memref.load` from it; libtpu compiles it for v5e.
+#[test]
+fn scalar_prefetch_matches_what_jax_pallas_emits_and_compiles() {
+    let kernel = kernel_ir::testing::prefetch_gather(4, 5, 8, 128);
+    let text = mosaic::lower(&kernel, &TpuLimits::default()).unwrap();
+    let body = mosaic::lower_body(&kernel, &TpuLimits::default()).unwrap();
+    assert!(body.contains("scalar_prefetch = 1 : i64"), "{body}");
+    assert!(
+        body.contains(
+            "func.func @transform_0(%arg0: i32, %arg1: memref<5xi32, #tpu.memory_space<smem>>)"
+        ),
+        "{body}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("prefetch_gather.mosaic.mlir");
+    std::fs::write(&path, text).unwrap();
+    let Some(python) = python() else { return };
+    let report = run_checker(
+        &python,
+        &[
+            "--compare-pallas",
+            "prefetch_gather",
+            path.to_str().unwrap(),
+        ],
+    );
+    for key in [
+        "iteration_bounds",
+        "dimension_semantics",
+        "scalar_prefetch",
+        "window_bounds",
+        "arg_types",
+        "index_maps",
+    ] {
+        assert!(report.contains(&format!("same {key}")), "{report}");
+    }
+    let dir = dir.path().to_str().unwrap();
+    let compiled = run_checker(&python, &["--compile", "v5e:2x2", dir]);
+    assert!(
+        compiled.contains("compiled prefetch_gather.mosaic.mlir for v5e:2x2"),
+        "{compiled}"
+    );
 }
 
 fn rule_error(name: &str, overrides: &str, limits: TpuLimits) -> String {

@@ -178,6 +178,9 @@ impl Xla {
     /// Lowers, compiles (or finds in the cache) and runs `kernel` on `inputs`.
     pub fn run(&self, kernel: &Kernel, inputs: &[Array]) -> Result<Vec<Array>, crate::Error> {
         kernel_ir::check_inputs(kernel, inputs)?;
+        // XLA's dynamic slices would clamp a block that scalar-prefetch data places
+        // outside its array: refuse such data instead.
+        kernel_ir::check_scalar_prefetch(kernel, &kernel_ir::prefetch_data(kernel, inputs))?;
         use lowering::Lowering;
         let module = lowering::StableHlo
             .lower(kernel)

@@ -47,8 +47,8 @@ use crate::verify::VerifyError;
 /// Everything a kernel author needs in scope.
 pub mod prelude {
     pub use super::{
-        block_spec, dot_general, ds, full, index, iota, num_programs, pallas_call, program_id,
-        select, zeros, BlockSpecFn, Ref, Tensor,
+        block_spec, dot_general, ds, full, index, iota, num_programs, pallas_call, prefetched,
+        program_id, select, zeros, BlockSpecFn, Ref, Tensor,
     };
     pub use crate as kernel_ir;
     pub use crate::ir::{DimSemantics, IndexExpr, Kernel};
@@ -142,6 +142,13 @@ pub fn block_spec<D: IntoBlockDim>(
         index_map: Box::new(index_map),
         memory_space: MemorySpace::Vmem,
     }
+}
+
+/// In an index map, element `index` of scalar-prefetch operand `operand` (the kernel's
+/// `operand`-th input, added with [`PallasCall::scalar_prefetch`]): Pallas's
+/// `lambda i, table: (table[i], 0)` is `|i| vec![prefetched(0, [i[0].clone()]), 0.into()]`.
+pub fn prefetched(operand: usize, index: impl IntoIterator<Item = IndexExpr>) -> IndexExpr {
+    IndexExpr::Scalar(RefId(operand as u32), index.into_iter().collect())
 }
 
 macro_rules! index_expr_ops {
@@ -238,6 +245,15 @@ impl<A, F: KernelBody<A>> PallasCall<A, F> {
     pub fn dimension_semantics(mut self, semantics: impl Into<Vec<DimSemantics>>) -> Self {
         self.semantics = Some(semantics.into());
         self
+    }
+
+    /// Adds a scalar-prefetch operand (Pallas's `PrefetchScalarGridSpec`): an i32 input
+    /// held whole in SMEM, which index maps read with [`prefetched`] and the body with
+    /// scalar loads. Scalar-prefetch operands come before the other inputs.
+    pub fn scalar_prefetch(self, ty: TensorType) -> Self {
+        let rank = ty.rank();
+        let whole = block_spec(ty.shape.clone(), move |_| vec![IndexExpr::Const(0); rank]);
+        self.input(ty, whole.memory_space(MemorySpace::Smem))
     }
 
     /// Adds an input array of type `ty`, blocked by `spec`.

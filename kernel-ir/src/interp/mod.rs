@@ -19,7 +19,7 @@ use crate::ir::{DimSemantics, Kernel, Op, OpKind, RefId, RefKind, Region, Value}
 use crate::ops;
 use crate::print::Namer;
 use crate::types::{DType, TensorType};
-use crate::verify::{check_block_in_bounds, unflatten, verify};
+use crate::verify::{block_starts, unflatten, verify};
 
 /// How to run a kernel.
 #[derive(Clone, Debug, Default)]
@@ -147,6 +147,85 @@ pub fn check_inputs(kernel: &Kernel, inputs: &[Array]) -> Result<(), RunError> {
     Ok(())
 }
 
+/// The i32 data of the kernel's scalar-prefetch operands (its leading inputs).
+pub fn prefetch_data<'a>(kernel: &Kernel, inputs: &'a [Array]) -> Vec<&'a [i32]> {
+    inputs[..kernel.scalar_prefetch().min(inputs.len())]
+        .iter()
+        .map(|a| match a.data() {
+            ArrayData::Int(v) => v.as_slice(),
+            _ => &[],
+        })
+        .collect()
+}
+
+/// Reads scalar-prefetch operand `r` at `index` from `prefetch` (the leading inputs'
+/// data), or says which read left the operand.
+fn read_prefetch<'a>(
+    kernel: &'a Kernel,
+    prefetch: &'a [&'a [i32]],
+) -> impl FnMut(RefId, &[i64]) -> Result<i64, String> + 'a {
+    move |r, index| {
+        let decl = kernel.ref_decl(r);
+        let shape = &decl.ty.shape;
+        let mut flat = 0u64;
+        for (&i, &n) in index.iter().zip(shape) {
+            if i < 0 || i as u64 >= n {
+                let at: Vec<String> = index.iter().map(i64::to_string).collect();
+                return Err(format!(
+                    "it reads %{}[{}], outside its shape {shape:?}",
+                    decl.name,
+                    at.join(", ")
+                ));
+            }
+            flat = flat * n + i as u64;
+        }
+        prefetch
+            .get(r.0 as usize)
+            .and_then(|d| d.get(flat as usize))
+            .map(|&v| i64::from(v))
+            .ok_or_else(|| format!("%{} is not a scalar-prefetch operand", decl.name))
+    }
+}
+
+/// Where each input/output block of program `pids` starts, per array dim (the index
+/// maps read the scalar-prefetch data `prefetch`); a block outside its array, or a read
+/// outside an operand, is a fault of the program.
+fn program_block_starts(
+    kernel: &Kernel,
+    pids: &[u64],
+    prefetch: &[&[i32]],
+) -> Result<Vec<Vec<u64>>, RunError> {
+    let mut read = read_prefetch(kernel, prefetch);
+    kernel
+        .refs
+        .iter()
+        .filter_map(|r| Some((r, r.block.as_ref()?)))
+        .map(|(r, spec)| {
+            let what = format!("{} %{}", r.kind.keyword(), r.name);
+            block_starts(&what, &r.ty.shape, spec, pids, Some(&mut read)).map_err(|e| {
+                RunError::Fault {
+                    program: pids.to_vec(),
+                    op: e.op,
+                    message: e.message,
+                }
+            })
+        })
+        .collect()
+}
+
+/// Checks that the blocks every program's index maps place from scalar-prefetch data
+/// (`prefetch`, the leading inputs) lie inside their arrays: backends that compute
+/// block positions in compiled code (native, XLA) call this before running, so a bad
+/// table is an error naming the program, the ref and the read, never a stray access.
+pub fn check_scalar_prefetch(kernel: &Kernel, prefetch: &[&[i32]]) -> Result<(), RunError> {
+    if kernel.scalar_prefetch() == 0 {
+        return Ok(());
+    }
+    (0..kernel.num_programs()).try_for_each(|i| {
+        program_block_starts(kernel, &unflatten(i, &kernel.grid), prefetch).map(drop)
+    })
+}
+
 /// Runs `kernel` on `inputs` and returns its outputs.
 pub fn interpret(
     kernel: &Kernel,
@@ -271,20 +350,8 @@ fn run_program<'k>(
     outputs: &[Mutex<Array>],
     scratch: &mut [Array],
 ) -> Result<(), ProgramError<'k>> {
-    let mut block_starts = Vec::new();
-    for r in &kernel.refs {
-        if let Some(spec) = &r.block {
-            let what = format!("{} %{}", r.kind.keyword(), r.name);
-            let starts = check_block_in_bounds(&what, &r.ty.shape, spec, pids).map_err(|e| {
-                ProgramError::Run(RunError::Fault {
-                    program: pids.to_vec(),
-                    op: e.op,
-                    message: e.message,
-                })
-            })?;
-            block_starts.push(starts);
-        }
-    }
+    let block_starts = program_block_starts(kernel, pids, &prefetch_data(kernel, inputs))
+        .map_err(ProgramError::Run)?;
     let mut program = Program {
         kernel,
         pids,

@@ -511,6 +511,18 @@ impl<'k> Emitter<'k> {
                 self.index_of(&p)
             }
             IndexNode::Const(c) => self.constant(&c.to_string(), "index"),
+            IndexNode::Scalar(r, index) => {
+                // Runs after the runtime checked every program's reads and blocks
+                // (`kernel_ir::check_scalar_prefetch`).
+                let r = r.0 as usize;
+                let element = self.assign(&format!(
+                    "memref.load {}[{}] : {}",
+                    self.ref_mems[r],
+                    index.join(", "),
+                    memref_type(&self.padded[r], "i32")
+                ));
+                self.index_of(&element)
+            }
             IndexNode::Bin(op, a, b) => match arith_binary(op.as_binary(), false) {
                 Some(name) => self.assign(&format!("{name} {a}, {b} : index")),
                 None => {

@@ -273,7 +273,10 @@ impl Emitter<'_> {
                 format!("#tpu.dimension_semantics<{n}>")
             })
             .collect();
-        let io: Vec<usize> = (0..k.refs.len())
+        // Scalar-prefetch operands are not windowed (Pallas gives them no window_params
+        // entry and no transform): they are whole in SMEM.
+        let prefetch = k.scalar_prefetch();
+        let io: Vec<usize> = (prefetch..k.refs.len())
             .filter(|&r| k.refs[r].block.is_some())
             .collect();
         let windows: Vec<String> = io
@@ -295,7 +298,7 @@ impl Emitter<'_> {
         let mut text = format!(
             "module attributes {{stable_mosaic.version = 11 : i64}} {{\n  func.func @{name}({args}) attributes \
              {{dimension_semantics = [{semantics}], iteration_bounds = array<i64: {bounds}>, \
-             scalar_prefetch = 0 : i64, scratch_operands = {scratch} : i64, tpu.core_type = #tpu.core_type<tc>, \
+             scalar_prefetch = {prefetch} : i64, scratch_operands = {scratch} : i64, tpu.core_type = #tpu.core_type<tc>, \
              window_params = [{windows}]}} {{\n{body}    return\n  }}\n",
             name = k.name,
             args = grid_args.iter().chain(&ref_args).cloned().collect::<Vec<_>>().join(", "),
@@ -310,7 +313,8 @@ impl Emitter<'_> {
         text
     }
 
-    /// `@transform_i`: the index map of ref `r` as a function of the grid indices.
+    /// `@transform_i`: the index map of ref `r` as a function of the grid indices and the
+    /// scalar-prefetch operands.
     fn transform(&mut self, i: usize, r: usize) -> String {
         let k = self.k;
         let spec = k.refs[r].block.as_ref().expect("I/O refs have block specs");
@@ -322,7 +326,11 @@ impl Emitter<'_> {
             .map(|e| self.index_expr(e))
             .collect();
         let body = self.w.take();
-        let args: Vec<String> = (0..k.grid.len()).map(|a| format!("%arg{a}: i32")).collect();
+        let mut args: Vec<String> = (0..k.grid.len()).map(|a| format!("%arg{a}: i32")).collect();
+        args.extend(
+            (0..k.scalar_prefetch())
+                .map(|p| format!("%arg{}: {}", k.grid.len() + p, memref_type(k, p))),
+        );
         let types: Vec<&str> = results.iter().map(|_| "i32").collect();
         format!(
             "  func.func @transform_{i}({}) -> ({}) {{\n{body}    return {} : {}\n  }}\n",

@@ -3,7 +3,7 @@
 
 use kernel_ir::{DType, IndexExpr, IndexNode, Op, OpKind, TensorType};
 
-use super::{tty, vty, Emitter};
+use super::{memref_type, tty, vty, Emitter};
 
 impl Emitter<'_> {
     pub(super) fn source(&mut self, op: &Op) -> String {
@@ -37,6 +37,18 @@ impl Emitter<'_> {
             IndexNode::ProgramId(axis) => format!("%arg{axis}"),
             IndexNode::Const(c) => self.i32_const(c),
             IndexNode::Bin(op, a, b) => self.binary(op.as_binary(), &a, &b, &scalar),
+            IndexNode::Scalar(r, index) => {
+                // The operand's SMEM memref is an argument after the grid indices, in the
+                // kernel and in every `@transform_i`.
+                let r = r.0 as usize;
+                let index: Vec<String> = index.iter().map(|i| self.index(i)).collect();
+                self.def(&format!(
+                    "memref.load %arg{}[{}] : {}",
+                    self.k.grid.len() + r,
+                    index.join(", "),
+                    memref_type(self.k, r)
+                ))
+            }
         })
     }
 }

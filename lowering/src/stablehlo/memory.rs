@@ -103,6 +103,18 @@ impl Emitter<'_> {
             .collect()
     }
 
+    /// Element `index` (i32 values) of ref `r`'s array, as an i32 scalar: a read of a
+    /// scalar-prefetch operand by an index map.
+    pub(super) fn read_element(&mut self, r: usize, index: Vec<String>) -> String {
+        let dims: Vec<DimWindow> = index
+            .into_iter()
+            .map(|start| DimWindow { start, count: 1 })
+            .collect();
+        let ones = vec![1; dims.len()];
+        let element = self.read_window(r, &dims);
+        self.reshape(&element, DType::I32, &ones, &[])
+    }
+
     /// The current contents of a window of ref `r`'s (padded) array.
     fn read_window(&mut self, r: usize, dims: &[DimWindow]) -> String {
         let dtype = self.k.refs[r].ty.dtype;

@@ -29,6 +29,7 @@ impl Emitter<'_> {
             IndexNode::ProgramId(axis) => self.pids[axis].clone(),
             IndexNode::Const(c) => self.index_const(c),
             IndexNode::Bin(op, a, b) => self.binary(op.as_binary(), &a, &b, &scalar),
+            IndexNode::Scalar(r, index) => self.read_element(r.0 as usize, index),
         })
     }
 }
