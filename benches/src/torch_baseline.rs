@@ -146,12 +146,12 @@ fn sdpa_backward(t: &[Tensor], p: &Params) -> Vec<Tensor> {
 
 /// Paged decode attention the way a PyTorch user computes it: per sequence, gather its
 /// pages through the block table (`index_select`), then SDPA with GQA on the first
-/// `len` tokens.
+/// `len` tokens (inputs `block_table, context_lens, q, k_cache, v_cache`).
 fn gathered_sdpa(t: &[Tensor], p: &Params) -> Vec<Tensor> {
-    let (q, k_cache, v_cache) = (&t[0], &t[1], &t[2]);
-    let table = Vec::<i32>::try_from(&t[3].view(-1)).unwrap_or_default();
-    let lens = Vec::<i32>::try_from(&t[4]).unwrap_or_default();
-    let (page_size, max_pages) = (k_cache.size()[2], t[3].size()[1]);
+    let (q, k_cache, v_cache) = (&t[2], &t[3], &t[4]);
+    let table = Vec::<i32>::try_from(&t[0].view(-1)).unwrap_or_default();
+    let lens = Vec::<i32>::try_from(&t[1]).unwrap_or_default();
+    let (page_size, max_pages) = (k_cache.size()[2], t[0].size()[1]);
     let outs: Vec<Tensor> = lens
         .iter()
         .enumerate()

@@ -240,12 +240,15 @@ pub(crate) fn block_starts(
         .enumerate()
     {
         let b = match read.as_deref_mut() {
-            None if !e.scalar_reads().is_empty() => {
-                starts.push(0);
-                continue;
-            }
-            None => e.eval_with(pids, &mut |_, _| unreachable!("reads no scalars")),
             Some(read) => e.eval_with(pids, read),
+            None => match e.eval_with(pids, &mut |_, _| Err(String::new())) {
+                // Reads scalar-prefetch data, which does not exist yet.
+                Err(why) if why.is_empty() => {
+                    starts.push(0);
+                    continue;
+                }
+                other => other,
+            },
         };
         let b = match b {
             Ok(b) => b,

@@ -9,15 +9,18 @@
 //! `[batch, max_pages]` i32 page numbers, `context_lens` `[batch]` i32; slots past a
 //! sequence's `ceil(len / page_size)` pages are never read (they may hold anything).
 //!
-//! One program per (sequence, kv head) computes the `heads / kv_heads` query heads that
-//! share the kv head as one `[group, head_dim]` block, looping over the sequence's pages
-//! with an online softmax. The page of each step is read from the block table inside the
-//! kernel (the table and lengths sit in SMEM, where a TPU reads scalars), so each program
-//! sees its head's whole cache; scalar prefetch (index maps that read the table) would
-//! let a TPU fetch only those pages.
+//! The grid is (sequence, kv head, page slot), the slot axis sequential: each step
+//! computes the `heads / kv_heads` query heads that share the kv head as one
+//! `[group, head_dim]` block against one page, folded into an online softmax kept in
+//! scratch. The block table and lengths are scalar-prefetch operands: the cache's index
+//! map reads the page of each step from the table, so a TPU copies only the pages a
+//! sequence uses into VMEM (one page per step, whatever the cache's size), and steps
+//! past a sequence's length neither copy nor compute. Inputs are `(block_table,
+//! context_lens, q, k_cache, v_cache)`, the scalar-prefetch operands first.
 
 use kernel_ir::dsl::prelude::*;
-use kernel_ir::{Array, ArrayData, DimSemantics, MemorySpace};
+use kernel_ir::IndexBinOp::{Max, Min};
+use kernel_ir::{Array, ArrayData, DimSemantics};
 use kernel_macros::kernel;
 use rand::{Rng, SeedableRng};
 
@@ -140,7 +143,8 @@ impl PagedAttentionConfig {
         self.max_pages * self.page_size
     }
 
-    /// The decode kernel: `(q, k_cache, v_cache, block_table, context_lens) -> o`.
+    /// The decode kernel: `(block_table, context_lens, q, k_cache, v_cache) -> o`, the
+    /// table and lengths as scalar-prefetch operands.
     pub fn kernel(self) -> Result<Kernel, BoxError> {
         let c = self;
         let q_block = || {
@@ -148,30 +152,42 @@ impl PagedAttentionConfig {
                 vec![pid(i, 0), pid(i, 1), zero()]
             })
         };
+        // Step `p` of sequence `b` reads the page in slot `p`, clamped to the last slot
+        // its length uses (later steps compute nothing and, fetching the same block, copy
+        // nothing) and into the cache (unused slots may hold anything).
+        let (ps, pages) = (c.page_size as i64, c.num_pages as i64);
+        let page = move |i: &[IndexExpr]| {
+            let used = (prefetched(1, [pid(i, 0)]) + (ps - 1)) / ps;
+            let slot = pid(i, 2).bin(Min, (used - 1).bin(Max, 0));
+            prefetched(0, [pid(i, 0), slot])
+                .bin(Max, 0)
+                .bin(Min, pages - 1)
+        };
         let cache = || {
             block_spec(
-                [None, Some(c.num_pages), Some(c.page_size), Some(c.head_dim)],
-                |i| vec![pid(i, 1), zero(), zero(), zero()],
+                [None, None, Some(c.page_size), Some(c.head_dim)],
+                move |i| vec![pid(i, 1), page(i), zero(), zero()],
             )
         };
-        Ok(pallas_call(move |q, k, v, table, lens, o| {
-            paged_attention_decode(q, k, v, table, lens, o, c)
+        let rows = |cols| TensorType::new(DType::F32, [c.group(), cols]);
+        Ok(pallas_call(move |table, lens, q, k, v, o, m, l, acc| {
+            paged_attention_decode(table, lens, q, k, v, o, m, l, acc, c)
         })
-        .grid([c.batch, c.kv_heads])
-        .dimension_semantics([DimSemantics::Parallel; 2])
+        .grid([c.batch, c.kv_heads, c.max_pages])
+        .dimension_semantics([
+            DimSemantics::Parallel,
+            DimSemantics::Parallel,
+            DimSemantics::Arbitrary,
+        ])
+        .scalar_prefetch(TensorType::new(DType::I32, [c.batch, c.max_pages]))
+        .scalar_prefetch(TensorType::new(DType::I32, [c.batch]))
         .input(c.q_type(), q_block())
         .input(c.cache_type(), cache())
         .input(c.cache_type(), cache())
-        .input(
-            TensorType::new(DType::I32, [c.batch, c.max_pages]),
-            block_spec([Some(c.batch), Some(c.max_pages)], |_| vec![zero(), zero()])
-                .memory_space(MemorySpace::Smem),
-        )
-        .input(
-            TensorType::new(DType::I32, [c.batch]),
-            block_spec([Some(c.batch)], |_| vec![zero()]).memory_space(MemorySpace::Smem),
-        )
         .output(c.q_type(), q_block())
+        .scratch(rows(1))
+        .scratch(rows(1))
+        .scratch(rows(c.head_dim))
         .build()?)
     }
 
@@ -239,60 +255,65 @@ pub fn check_block_tables(
     Ok(())
 }
 
-/// `o = softmax(q k^T * scale) v` over the pages of one sequence, for the query heads
-/// that share one kv head.
+/// One page of `o = softmax(q k^T * scale) v` for the query heads that share one kv
+/// head: step `p` of the grid's last axis folds page slot `p` of the sequence into the
+/// online softmax state (running max `m`, sum `l`, weighted values `acc`, in scratch)
+/// while the slot holds tokens; the last step writes the output.
 #[kernel]
+#[allow(clippy::too_many_arguments)]
 fn paged_attention_decode(
+    block_table: Ref,
+    context_lens: Ref,
     q: Ref,
     k_cache: Ref,
     v_cache: Ref,
-    block_table: Ref,
-    context_lens: Ref,
     o: Ref,
+    m_ref: Ref,
+    l_ref: Ref,
+    acc_ref: Ref,
     #[comptime] c: PagedAttentionConfig,
 ) {
     let (group, ps) = (c.heads / c.kv_heads, c.page_size);
-    let b = program_id(0);
-    let qb = q.read().cast(DType::F32) * c.scale;
+    let (b, p) = (program_id(0), program_id(2));
+    // The table is read by the index maps; the body needs only the length.
+    let _ = block_table;
     let len = context_lens.load(s![b]);
-    let pages = (len + (ps - 1)) / ps;
-    // The online softmax state: running max, sum of exponentials, weighted values.
-    let mut state = (
-        full([group], f64::NEG_INFINITY, DType::F32),
-        zeros([group], DType::F32),
-        zeros([group, c.head_dim], DType::F32),
-    );
-    for p in 0..pages {
-        let (m, l, acc) = state;
-        let page = block_table.load(s![b, p]);
-        let kb = k_cache.load(s![page, .., ..]).cast(DType::F32);
-        let vb = v_cache.load(s![page, .., ..]).cast(DType::F32);
+    if p == 0 {
+        m_ref.write(full([group, 1], f64::NEG_INFINITY, DType::F32));
+        l_ref.write(zeros([group, 1], DType::F32));
+        acc_ref.write(zeros([group, c.head_dim], DType::F32));
+    }
+    if p * ps < len {
+        let qb = q.read().cast(DType::F32) * c.scale;
+        let kb = k_cache.read().cast(DType::F32);
+        let vb = v_cache.read().cast(DType::F32);
         let scores = dot_general(qb, kb, false, true);
         // The last page's tokens past the length are masked.
         let token = iota([group, ps], 1) + p * ps;
         let scores = select(token.lt(len), scores, f64::NEG_INFINITY);
-        let m_new = m.maximum(scores.max(1));
-        let probs = (scores - m_new.expand_dims(1)).exp();
+        let m = m_ref.read();
+        let m_new = m.maximum(scores.max_keepdims(1));
+        let probs = (scores - m_new).exp();
         let alpha = (m - m_new).exp();
-        state = (
-            m_new,
-            l * alpha + probs.sum(1),
-            acc * alpha.expand_dims(1) + probs.dot(vb),
-        );
+        m_ref.write(m_new);
+        l_ref.write(l_ref.read() * alpha + probs.sum_keepdims(1));
+        acc_ref.write(acc_ref.read() * alpha + probs.dot(vb));
     }
-    let (_, l, acc) = state;
-    // An empty context (length 0) gives 0.
-    let out = select(l.eq(0.0).expand_dims(1), 0.0, acc / l.expand_dims(1));
-    o.write(out.cast(c.dtype));
+    if p == c.max_pages - 1 {
+        // An empty context (length 0) gives 0.
+        let l = l_ref.read();
+        let out = select(l.eq(0.0), 0.0, acc_ref.read() / l);
+        o.write(out.cast(c.dtype));
+    }
 }
 
 /// Plain f64 paged attention: gathers each sequence's keys and values through its
 /// block table.
 pub fn reference(c: &PagedAttentionConfig, inputs: &[Array]) -> Result<Vec<f64>, BoxError> {
-    let q = inputs[0].try_to_f64("q")?;
-    let k = inputs[1].try_to_f64("k_cache")?;
-    let v = inputs[2].try_to_f64("v_cache")?;
-    let (ArrayData::Int(table), ArrayData::Int(lens)) = (inputs[3].data(), inputs[4].data()) else {
+    let q = inputs[2].try_to_f64("q")?;
+    let k = inputs[3].try_to_f64("k_cache")?;
+    let v = inputs[4].try_to_f64("v_cache")?;
+    let (ArrayData::Int(table), ArrayData::Int(lens)) = (inputs[0].data(), inputs[1].data()) else {
         return Err("block_table and context_lens must be int32".into());
     };
     let (d, ps) = (c.head_dim as usize, c.page_size as usize);
@@ -365,11 +386,11 @@ impl Op for PagedAttention {
             lens.push(len as i32);
         }
         Ok(vec![
+            Array::from_i32([c.batch, c.max_pages], table)?,
+            Array::from_i32([c.batch], lens)?,
             random_array(c.dtype, &c.q_type().shape, seed, 1.0)?,
             random_array(c.dtype, &c.cache_type().shape, seed + 1, 1.0)?,
             random_array(c.dtype, &c.cache_type().shape, seed + 2, 1.0)?,
-            Array::from_i32([c.batch, c.max_pages], table)?,
-            Array::from_i32([c.batch], lens)?,
         ])
     }
 
@@ -377,13 +398,13 @@ impl Op for PagedAttention {
     fn run(c: &Self::Config, inputs: &[Array], exec: &mut Exec) -> Result<Vec<Array>, BoxError> {
         if inputs.len() != 5 {
             return Err(format!(
-                "paged_attention takes (q, k_cache, v_cache, block_table, context_lens), got \
+                "paged_attention takes (block_table, context_lens, q, k_cache, v_cache), got \
                  {} inputs",
                 inputs.len()
             )
             .into());
         }
-        c.check_tables(&inputs[3], &inputs[4])?;
+        c.check_tables(&inputs[0], &inputs[1])?;
         exec(&c.kernel()?, inputs)
     }
 

@@ -379,8 +379,8 @@ fn paged_attention_checks_its_tables_and_takes_empty_contexts() {
     let inputs = k.inputs(&p, 1).unwrap();
     let with = |table: Vec<i32>, lens: Vec<i32>| {
         let mut v = inputs.clone();
-        v[3] = Array::from_i32([2, 3], table).unwrap();
-        v[4] = Array::from_i32([2], lens).unwrap();
+        v[0] = Array::from_i32([2, 3], table).unwrap();
+        v[1] = Array::from_i32([2], lens).unwrap();
         v
     };
     let err = |table, lens| {

@@ -101,9 +101,10 @@ def check_body(text):
         n_sem = len(ir.ArrayAttr(func.attributes["dimension_semantics"]))
         n_windows = len(ir.ArrayAttr(func.attributes["window_params"]))
         scratch = ir.IntegerAttr(func.attributes["scratch_operands"]).value
+        prefetch = ir.IntegerAttr(func.attributes["scalar_prefetch"]).value
         n_args = len(func.regions[0].blocks[0].arguments)
         assert n_sem == n_grid, f"{n_sem} dimension_semantics for a rank-{n_grid} grid"
-        assert n_args == n_grid + n_windows + scratch, (n_args, n_grid, n_windows, scratch)
+        assert n_args == n_grid + prefetch + n_windows + scratch, (n_args, n_grid, prefetch, n_windows, scratch)
         ctx.allow_unregistered_dialects = True  # the versioned form has unregistered ops
         passmanager.PassManager.parse("builtin.module(mosaic-serde{serialize=true})").run(module.operation)
         stored = io.BytesIO()

@@ -919,12 +919,13 @@ fn paged_attention(args: Vec<Value>) -> Result<Vec<Tensor>, OpError> {
         ("scale", format!("{scale:?}")),
         ("dtype", q.dtype_name().to_string()),
     ];
+    // The kernel's order: the scalar-prefetch operands first.
     let inputs = [
+        table.buffer(&table.shape),
+        lens.buffer(&lens.shape),
         q.buffer(&q.shape),
         k.buffer(&k.shape),
         v.buffer(&v.shape),
-        table.buffer(&table.shape),
-        lens.buffer(&lens.shape),
     ];
     let outputs = [(out.data(), q.shape.clone(), q.dtype_name().to_string())];
     launch("paged_attention", &params, &inputs, &outputs)?;

@@ -218,11 +218,29 @@ fn program_block_starts(
 /// block positions in compiled code (native, XLA) call this before running, so a bad
 /// table is an error naming the program, the ref and the read, never a stray access.
 pub fn check_scalar_prefetch(kernel: &Kernel, prefetch: &[&[i32]]) -> Result<(), RunError> {
-    if kernel.scalar_prefetch() == 0 {
+    // The verifier checked the maps that read no data.
+    let dependent: Vec<_> = kernel
+        .refs
+        .iter()
+        .filter_map(|r| Some((r, r.block.as_ref()?)))
+        .filter(|(_, spec)| spec.index_map.reads_scalars())
+        .map(|(r, spec)| (format!("{} %{}", r.kind.keyword(), r.name), r, spec))
+        .collect();
+    if dependent.is_empty() {
         return Ok(());
     }
+    let mut read = read_prefetch(kernel, prefetch);
     (0..kernel.num_programs()).try_for_each(|i| {
-        program_block_starts(kernel, &unflatten(i, &kernel.grid), prefetch).map(drop)
+        let pids = unflatten(i, &kernel.grid);
+        dependent.iter().try_for_each(|(what, r, spec)| {
+            block_starts(what, &r.ty.shape, spec, &pids, Some(&mut read))
+                .map(drop)
+                .map_err(|e| RunError::Fault {
+                    program: pids.clone(),
+                    op: e.op,
+                    message: e.message,
+                })
+        })
     })
 }
 

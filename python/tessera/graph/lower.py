@@ -122,7 +122,8 @@ def kernel_call(node: torch.fx.Node) -> KernelCall:
             "num_pages": pages, "max_pages": args[3].shape[1],
             "scale": "none" if scale is None else repr(float(scale)), "dtype": dt,
         }
-        ins = [(i, list(t.shape)) for i, t in enumerate(args[:5])]
+        # The kernel takes the scalar-prefetch operands (block_table, context_lens) first.
+        ins = [(i, list(args[i].shape)) for i in (3, 4, 0, 1, 2)]
         return KernelCall("paged_attention", params, ins, [(list(q.shape), dt)], [0])
     if name in ("varlen_attention", "varlen_attention_fwd", "varlen_attention_bwd"):
         return _varlen_call(node, name, args)
