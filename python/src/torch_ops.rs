@@ -671,14 +671,7 @@ impl Attention {
             )));
         }
         let (hkv, sk) = (k.shape[1], k.shape[2]);
-        if hkv == 0 || h % hkv != 0 {
-            return Err(bad(format!(
-                "key: {hkv} heads do not divide the query's {h} heads"
-            )));
-        }
-        if d == 0 {
-            return Err(bad("query: head_dim must be at least 1".into()));
-        }
+        check_heads(h, hkv, d)?;
         let params = vec![
             ("batch", b.to_string()),
             ("heads", h.to_string()),
@@ -748,6 +741,19 @@ impl Attention {
     }
 }
 
+/// Attention's head counts (GQA: the kv heads divide the query heads) and head dim.
+fn check_heads(heads: u64, kv_heads: u64, head_dim: u64) -> Result<(), OpError> {
+    if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+        return Err(bad(format!(
+            "key: {kv_heads} heads do not divide the query's {heads} heads"
+        )));
+    }
+    if head_dim == 0 {
+        return Err(bad("query: head_dim must be at least 1".into()));
+    }
+    Ok(())
+}
+
 /// The forward's output and log-sum-exp (`lse_shape`, f32), when the caller saved them
 /// (both or neither), checked against the query and made contiguous.
 fn saved_forward(a: &mut Args, q: &Arg, lse_shape: &[u64]) -> Result<Option<(Arg, Arg)>, OpError> {
@@ -783,6 +789,20 @@ fn no_keys(q: &Arg, lse_shape: &[u64]) -> Result<Vec<Tensor>, OpError> {
     // SAFETY: `lse` is a fresh contiguous f32 tensor of `n` elements.
     unsafe { std::slice::from_raw_parts_mut(lse.data() as *mut f32, n) }.fill(f32::NEG_INFINITY);
     Ok(vec![zeros(q, &q.shape)?, lse])
+}
+
+/// Fresh tensors shaped like q, k and v for their gradients; `zeroed` when no work will
+/// write them (no queries or no keys).
+fn gradients_like(qkv: [&Arg; 3], zeroed: bool) -> Result<Vec<Tensor>, OpError> {
+    qkv.iter()
+        .map(|t| {
+            if zeroed {
+                zeros(t, &t.shape)
+            } else {
+                t.empty(&t.shape)
+            }
+        })
+        .collect()
 }
 
 /// `grad` in `like`'s dtype, contiguous (a conversion copies into fresh contiguous
@@ -828,15 +848,9 @@ fn flash_attention_bwd(args: Vec<Value>) -> Result<Vec<Tensor>, OpError> {
     let saved = att.saved(&mut a)?;
     att.window_and_softcap(&mut a)?;
     if att.empty() {
-        return [&att.q, &att.k, &att.v]
-            .iter()
-            .map(|t| zeros(t, &t.shape))
-            .collect();
+        return gradients_like([&att.q, &att.k, &att.v], true);
     }
-    let grads = [&att.q, &att.k, &att.v]
-        .iter()
-        .map(|t| t.empty(&t.shape))
-        .collect::<Result<Vec<_>, _>>()?;
+    let grads = gradients_like([&att.q, &att.k, &att.v], false)?;
     let grad = grad_like(grad, &att.q)?;
     let (q, k, v) = (
         att.q.contiguous()?,
@@ -967,14 +981,7 @@ impl Varlen {
             )));
         }
         let (hkv, tk) = (k.shape[0], k.shape[1]);
-        if hkv == 0 || h % hkv != 0 {
-            return Err(bad(format!(
-                "key: {hkv} heads do not divide the query's {h} heads"
-            )));
-        }
-        if d == 0 {
-            return Err(bad("query: head_dim must be at least 1".into()));
-        }
+        check_heads(h, hkv, d)?;
         between(a, &q)?;
         let offsets = |a: &mut Args, name| {
             Arg::int32(a.0.next().unwrap_or(Value::None), name)?
@@ -1091,15 +1098,9 @@ fn varlen_attention_bwd(args: Vec<Value>) -> Result<Vec<Tensor>, OpError> {
     })?;
     let saved = saved_forward(&mut a, &att.q, &att.lse_shape())?;
     if att.empty() {
-        return [&att.q, &att.k, &att.v]
-            .iter()
-            .map(|t| zeros(t, &t.shape))
-            .collect();
+        return gradients_like([&att.q, &att.k, &att.v], true);
     }
-    let grads = [&att.q, &att.k, &att.v]
-        .iter()
-        .map(|t| t.empty(&t.shape))
-        .collect::<Result<Vec<_>, _>>()?;
+    let grads = gradients_like([&att.q, &att.k, &att.v], false)?;
     let grad = grad_like(grad.expect("read by Varlen::new"), &att.q)?;
     let att = att.into_contiguous()?;
     let mut inputs = att.buffers(&[&grad]);

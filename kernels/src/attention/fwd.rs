@@ -122,13 +122,26 @@ fn attend(
     if masked {
         scores = mask_scores(scores, c.block_q, size, q0, k0, c);
     }
+    online_softmax_step(scores, vb, (m, l, acc), c.dtype)
+}
+
+/// Folds a block of scaled, masked `scores` and its values `vb` into the online softmax
+/// state (running max `m`, sum `l`, weighted values `acc`); `dtype` is the inputs'.
+#[kernel_fn]
+pub(crate) fn online_softmax_step(
+    scores: Tensor,
+    vb: Tensor,
+    state: (Tensor, Tensor, Tensor),
+    dtype: DType,
+) -> (Tensor, Tensor, Tensor) {
+    let (m, l, acc) = state;
     let m_new = m.maximum(scores.max(1));
     // Rows with no finite score yet subtract 0, so masked keys get exp(-inf) = 0.
     let m_shift = select(m_new.eq(f64::NEG_INFINITY), 0.0, m_new);
     let p = (scores - m_shift.expand_dims(1)).exp();
     let alpha = (m - m_shift).exp();
     let l_new = l * alpha + p.sum(1);
-    let acc_new = acc * alpha.expand_dims(1) + mxu_input(p, c.dtype).dot(vb);
+    let acc_new = acc * alpha.expand_dims(1) + mxu_input(p, dtype).dot(vb);
     (m_new, l_new, acc_new)
 }
 

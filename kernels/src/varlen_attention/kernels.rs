@@ -8,7 +8,7 @@ use kernel_macros::{kernel, kernel_fn};
 
 use super::VarlenConfig;
 use crate::attention::bwd::{load_vector, store_rows};
-use crate::attention::fwd::{mxu_input, MASK_VALUE};
+use crate::attention::fwd::{mxu_input, online_softmax_step, MASK_VALUE};
 use crate::common::load_tile;
 
 /// Scores of one (query tile, key tile) pair with each row's keys outside its span
@@ -49,18 +49,10 @@ fn attend(
     masked: bool,
     c: VarlenConfig,
 ) -> (Tensor, Tensor, Tensor) {
-    let (m, l, acc) = state;
     let kb = k.load(s![ds(k0, size), ..]);
     let vb = v.load(s![ds(k0, size), ..]);
     let scores = masked_scores(qb, kb, first, end, k0, size, c.scale, masked);
-    let m_new = m.maximum(scores.max(1));
-    // Rows with no finite score yet subtract 0, so masked keys get exp(-inf) = 0.
-    let m_shift = select(m_new.eq(f64::NEG_INFINITY), 0.0, m_new);
-    let p = (scores - m_shift.expand_dims(1)).exp();
-    let alpha = (m - m_shift).exp();
-    let l_new = l * alpha + p.sum(1);
-    let acc_new = acc * alpha.expand_dims(1) + mxu_input(p, c.dtype).dot(vb);
-    (m_new, l_new, acc_new)
+    online_softmax_step(scores, vb, state, c.dtype)
 }
 
 /// `o = softmax(q k^T * scale) v` and its log-sum-exp for one query tile, over the key
