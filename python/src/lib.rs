@@ -393,6 +393,7 @@ fn run_op(
     outputs: &[Buffer],
     requested: Backend,
 ) -> Result<String, OpError> {
+    launches::record(|| format!("{kernel} {}", params.join(",")));
     let prepared = prepared(kernel, params, requested)?;
     let PreparedOp { op, params: p, .. } = &*prepared;
     if let (Some(native), Some([single])) = (&prepared.native, prepared.built.as_deref()) {
@@ -485,6 +486,38 @@ fn explain(kernel: &str, params: Vec<String>, backend: &str) -> PyResult<(String
     Ok((r.backend.name().to_string(), r.fallbacks))
 }
 
+/// The launch trace behind `tessera.trace_ops()`: while it is on, every library or user
+/// op run records its kernel and parameters (the shapes the kernel ran on: under DTensor,
+/// the local shards').
+pub(crate) mod launches {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Mutex;
+
+    use pyo3::prelude::*;
+
+    static ON: AtomicBool = AtomicBool::new(false);
+    static RECORDED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+    /// Records one launch (`what` is only called while the trace is on).
+    pub(crate) fn record(what: impl FnOnce() -> String) {
+        if ON.load(Ordering::Relaxed) {
+            RECORDED.lock().unwrap_or_else(|e| e.into_inner()).push(what());
+        }
+    }
+
+    /// Turns the trace on or off; returns whether it was on.
+    #[pyfunction]
+    pub(crate) fn trace_launches(on: bool) -> bool {
+        ON.swap(on, Ordering::Relaxed)
+    }
+
+    /// The launches recorded so far (`op params`), emptying the trace.
+    #[pyfunction]
+    pub(crate) fn take_launches() -> Vec<String> {
+        std::mem::take(&mut *RECORDED.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
 /// The extension module.
 #[pymodule]
 fn _tessera(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -494,6 +527,8 @@ fn _tessera(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(register_cpu_kernels, m)?)?;
     m.add_function(wrap_pyfunction!(set_backend, m)?)?;
     m.add_function(wrap_pyfunction!(current_backend, m)?)?;
+    m.add_function(wrap_pyfunction!(launches::trace_launches, m)?)?;
+    m.add_function(wrap_pyfunction!(launches::take_launches, m)?)?;
     graph::register(m)?;
     library::register(m)?;
     Ok(())

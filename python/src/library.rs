@@ -232,6 +232,7 @@ fn run_user(
 ) -> PyResult<String> {
     Ok(py.detach(|| -> Result<String, OpError> {
         let k = kernel(lib, op, request)?;
+        crate::launches::record(|| format!("user op {op} {request}"));
         let requested = backend
             .parse()
             .map_err(|e: runtime::Error| OpError::Bad(e.to_string()))?;

@@ -22,7 +22,7 @@ import torch
 from . import _tessera
 
 __all__ = ["backend", "disable_sdpa_override", "enable_sdpa_override", "explain",
-           "explain_graph", "export", "graph_stats", "load_library", "reset_graph_stats"]
+           "explain_graph", "export", "graph_stats", "load_library", "reset_graph_stats", "trace_ops"]
 
 _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 
@@ -492,8 +492,10 @@ def enable_sdpa_override():
     _original_sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-        if _sdpa_supported(query, key, value, attn_mask, dropout_p, scale, enable_gqa) is None:
+        reason = _sdpa_supported(query, key, value, attn_mask, dropout_p, scale, enable_gqa)
+        if reason is None:
             return torch.ops.tessera.flash_attention(query, key, value, is_causal, scale)
+        record_fallback("scaled_dot_product_attention", reason)
         return _original_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                               is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
 
@@ -507,6 +509,15 @@ def disable_sdpa_override():
         torch.nn.functional.scaled_dot_product_attention = _original_sdpa
         _original_sdpa = None
 
+
+# ---- the op tracer: tessera.trace_ops() ----------------------------------------------
+
+from .trace import OpTrace, record_fallback, trace_ops  # noqa: E402
+
+# ---- DTensor sharding rules (tensor parallelism) --------------------------------------
+
+if torch.distributed.is_available():
+    from . import distributed  # noqa: E402, F401
 
 # ---- user op libraries: tessera.load_library(path) ----------------------------------
 

@@ -24,6 +24,7 @@ import torch
 from torch._functorch.aot_autograd import make_boxed_func
 
 from .. import _tessera
+from ..trace import record_fallback
 from . import decompositions, lower, patterns
 from .lower import LoweringError
 
@@ -64,6 +65,7 @@ def _debug(message: str) -> None:
 def _fallback(what: str, reason: str) -> None:
     """Records that ``what`` runs eagerly; warns once; raises under strict mode."""
     _stats["fallbacks"][what] = reason
+    record_fallback(what, reason)
     if os.environ.get("TESSERA_GRAPH_STRICT") == "1":
         raise GraphModeError(f"tessera graph mode: {what}: {reason}")
     if (what, reason) not in _warned:
@@ -229,6 +231,8 @@ def tessera_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     report = patterns.substitute(gm, _constant_evaluator(gm, example_inputs))
     _dump(f"g{graph_id}.fx_after.py", gm.code)
     _stats["fallbacks"].update(report.skipped)
+    for what, reason in report.skipped.items():
+        record_fallback(what, reason)
     shapes = [tuple(t.shape) for t in example_inputs if isinstance(t, torch.Tensor)]
     _debug(f"g{graph_id}: new graph for input shapes {shapes}; substituted {report.substituted or 'nothing'}"
            + (f"; kept {report.skipped}" if report.skipped else ""))
