@@ -501,7 +501,10 @@ pub(crate) mod launches {
     /// Records one launch (`what` is only called while the trace is on).
     pub(crate) fn record(what: impl FnOnce() -> String) {
         if ON.load(Ordering::Relaxed) {
-            RECORDED.lock().unwrap_or_else(|e| e.into_inner()).push(what());
+            RECORDED
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(what());
         }
     }
 
