@@ -147,3 +147,31 @@ def test_trace_ops_counts_ops_launches_and_fallbacks():
     with tessera.trace_ops() as empty:
         pass
     assert empty.launches == [] and not empty.tessera
+
+
+def _data_parallel_worker(rank, world, port, result_dir):
+    import data_parallel
+
+    _init(rank, world, port)
+    result = {mode: run(rank, world) for mode, run in data_parallel.MODES.items()}
+    result["graph_stats"] = tessera.graph_stats()
+    torch.save(result, pathlib.Path(result_dir) / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_fsdp2_and_graph_mode_under_ddp_train_like_one_process(tmp_path):
+    import data_parallel
+
+    ranks = _spawn(_data_parallel_worker, tmp_path)
+    # FSDP2 of the Tessera-op GPT against the same model in one process on whole batches;
+    # graph mode under DDP against plain PyTorch in one process.
+    want = {"fsdp": data_parallel.train(data_parallel.model(use_tessera=True)),
+            "ddp-graph": data_parallel.train(data_parallel.model(use_tessera=False))}
+    for r in ranks:
+        for mode, losses in want.items():
+            assert len(r[mode]) == len(losses)
+            for step, (got, ref) in enumerate(zip(r[mode], losses)):
+                assert abs(got - ref) <= 2e-3 * max(1.0, abs(ref)), (mode, step, r[mode], losses)
+        kernels = r["graph_stats"]["kernels"]
+        assert {"flash_attention", "flash_attention_bwd", "rms_norm", "swiglu"} <= set(kernels), kernels
+        assert r["graph_stats"]["fallbacks"] == {}, r["graph_stats"]
