@@ -517,7 +517,12 @@ from .trace import OpTrace, record_fallback, trace_ops  # noqa: E402
 # ---- DTensor sharding rules (tensor parallelism) --------------------------------------
 
 if torch.distributed.is_available():
-    from . import distributed  # noqa: E402, F401
+    try:
+        from . import distributed  # noqa: E402, F401
+    except ImportError as e:  # DTensor's experimental API moved: the ops still work
+        import warnings
+
+        warnings.warn(f"tessera: no DTensor sharding rules ({e}): DTensor calls of the ops will fail")
 
 # ---- user op libraries: tessera.load_library(path) ----------------------------------
 
