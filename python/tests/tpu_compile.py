@@ -10,6 +10,7 @@ Prints one line; exits 1 on failure.
 
 import os
 import pathlib
+import re
 import sys
 
 os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
@@ -36,11 +37,15 @@ def main(path, topology="v5e:2x2"):
     text = pathlib.Path(path).read_text()
     bodies = custom_calls(text)
     backend, device = compile_only_client(topology)
+    # A module exported for a mesh says how many devices it partitions over.
+    partitions = int((re.search(r"mhlo.num_partitions = (\d+)", text) or [None, 1])[1])
+    devices = topologies.get_topology_desc(platform="tpu", topology_name=topology).devices[:partitions]
     with context():
         module = ir.Module.parse(text)
-        options = compiler.get_compile_options(num_replicas=1, num_partitions=1)
-        backend.compile(module, executable_devices=xc.DeviceList((device,)), compile_options=options)
-    print(f"compiled {pathlib.Path(path).name} ({len(bodies)} Mosaic kernels) for {topology}")
+        options = compiler.get_compile_options(num_replicas=1, num_partitions=partitions)
+        backend.compile(module, executable_devices=xc.DeviceList(tuple(devices)), compile_options=options)
+    print(f"compiled {pathlib.Path(path).name} ({len(bodies)} Mosaic kernels) for {topology}"
+          + (f" partitioned over {partitions} devices" if partitions > 1 else ""))
 
 
 if __name__ == "__main__":

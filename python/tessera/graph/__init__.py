@@ -266,25 +266,32 @@ def explain_graph(model, *args, **kwargs) -> Dict:
     return found
 
 
-def export(model, *args, target: str = "tpu", path=None) -> str:
+def export(model, *args, target: str = "tpu", path=None, mesh: int = 1) -> str:
     """The whole-model StableHLO of ``model(*args)`` (inference, one graph) with the
     substituted Tessera kernels as ``tpu_custom_call``s carrying their Mosaic bodies
     (``target="tpu"``) or as ``tessera_op`` calls to the native kernels (``"cpu"``).
     The module's arguments are the model's parameters and buffers (in
     ``named_parameters()``/``named_buffers()`` order as Dynamo lifts them), then
     ``args``. Written to ``path`` if given. A Tessera op the TPU rules reject, or an op
-    torch-mlir cannot lower, raises ``GraphModeError`` naming it."""
+    torch-mlir cannot lower, raises ``GraphModeError`` naming it.
+
+    ``mesh=N`` (TPU) exports for N devices on one mesh axis (``model``): each Tessera
+    call that splits (attention over heads, row-wise ops over rows) sits in a
+    manual-sharding region (``sdy.manual_computation``, as JAX's ``shard_map``) running
+    its kernel on the local shard; XLA's partitioner shards the rest."""
     from torch._dynamo.backends.common import aot_autograd
 
     if target not in ("tpu", "cpu"):
         raise ValueError(f"export: target must be 'tpu' or 'cpu', got {target!r}")
+    if not isinstance(mesh, int) or mesh < 1 or (mesh > 1 and target != "tpu"):
+        raise ValueError(f"export: mesh must be a device count >= 1 (more than 1 for TPU only), got {mesh!r}")
     texts = []
 
     def forward_compiler(gm, example_inputs):
         try:
             lower.lift_constants(gm)
             _prepare(gm)
-            texts.append(lower.to_stablehlo(gm, target)[0])
+            texts.append(lower.to_stablehlo(gm, target, mesh)[0])
         except LoweringError as e:
             raise GraphModeError(f"export: {e}") from None
         return make_boxed_func(gm.forward)

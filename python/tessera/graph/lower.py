@@ -308,10 +308,12 @@ def _stablehlo_pipeline(text: str) -> str:
     return r.stdout
 
 
-def to_stablehlo(gm: torch.fx.GraphModule, target: str = "cpu") -> Tuple[str, List[str]]:
+def to_stablehlo(gm: torch.fx.GraphModule, target: str = "cpu", mesh: int = 1) -> Tuple[str, List[str]]:
     """The StableHLO text of a functional ATen graph whose inputs are all tensors, and
     the op name of each custom call in it (``KernelCall.label``). ``target`` is ``cpu`` (Tessera ops
-    as ``tessera_op`` FFI calls) or ``tpu`` (as ``tpu_custom_call``s)."""
+    as ``tessera_op`` FFI calls) or ``tpu`` (as ``tpu_custom_call``s); for ``tpu`` with
+    ``mesh`` devices, each call runs on its shard in a manual-sharding region
+    (:func:`shard_calls`)."""
     from torch_mlir import fx, ir
     from torch_mlir._mlir_libs import _stablehlo
     from torch_mlir.compiler_utils import OutputType, lower_mlir_module, run_pipeline_with_repro_report
@@ -351,7 +353,116 @@ def to_stablehlo(gm: torch.fx.GraphModule, target: str = "cpu") -> Tuple[str, Li
         raise LoweringError(_first_line_of_interest("\n".join(diagnostics) + "\n" + str(e))) from None
     if "dense_resource" in text:
         raise LoweringError("the graph embeds a tensor constant XLA cannot take (dense_resource)")
-    return _stable_constants(text), [c.label for c in calls]
+    text = _stable_constants(text)
+    if mesh > 1 and target == "tpu":
+        text = shard_calls(text, calls, mesh)
+    return text, [c.label for c in calls]
+
+
+# ---- sharded TPU export: each Tessera call in a manual-sharding region ----------------
+
+MESH_AXIS = "model"
+
+
+def _sharded_dims(call: KernelCall, mesh: int):
+    """How ``call`` splits over ``mesh`` devices: the sharded dim of each input and
+    output (``None``: replicated) and the parameters of the local kernel; ``None`` when
+    it does not split (it then runs whole on every device)."""
+    p = dict(call.params)
+    if call.kernel in ("flash_attention", "flash_attention_bwd", "paged_attention",
+                       "varlen_attention", "varlen_attention_bwd"):
+        if p["heads"] % mesh or p["kv_heads"] % mesh:
+            return None
+        p["heads"], p["kv_heads"] = p["heads"] // mesh, p["kv_heads"] // mesh
+        if call.kernel == "paged_attention":  # (table, lengths, q, k_cache, v_cache) -> o
+            return [None, None, 1, 0, 0], [1], p
+        dim = 0 if call.kernel.startswith("varlen") else 1
+        ins = [dim if len(shape) >= 3 else None for _, shape in call.inputs]
+        return ins, [dim] * len(call.outputs), p
+    if "rows" in p and call.kernel in ("softmax", "rms_norm", "layer_norm", "swiglu"):
+        if p["rows"] % mesh:
+            return None
+        p["rows"] //= mesh
+        return [0 if len(shape) == 2 else None for _, shape in call.inputs], [0], p
+    return None
+
+
+_CALL = re.compile(r"^(\s*)(%[\w]+(?::\d+)?) = stablehlo\.custom_call @tpu_custom_call\((.*?)\) "
+                   r"\{backend_config = \"[^\"]*\", (.*)\} : \((.*?)\) -> (.*)$")
+
+
+def _types(text: str) -> List[str]:
+    return re.findall(r"tensor<[^>]*>", text)
+
+
+def _local(t: str, dim, mesh: int) -> str:
+    dims, element = re.fullmatch(r"tensor<((?:\d+x)*)(\w+)>", t).groups()
+    dims = [int(d) for d in dims.split("x") if d]
+    if dim is not None:
+        dims[dim] //= mesh
+    return _tensor_type(dims, element)
+
+
+def _sharding(t: str, dim) -> str:
+    rank = len(re.findall(r"\d+x", t))
+    axes = ", ".join('{"' + MESH_AXIS + '"}' if d == dim else "{}" for d in range(rank))
+    return f"<@mesh, [{axes}]>"
+
+
+def shard_calls(text: str, calls: List[KernelCall], mesh: int) -> str:
+    """Wraps each ``tpu_custom_call`` of ``calls`` (in order) that splits over ``mesh``
+    devices in an ``sdy.manual_computation`` over the mesh axis ``model`` (what JAX's
+    ``shard_map`` emits; custom calls cannot be partitioned automatically): its operands
+    sharded as the op's sharding rule says, the kernel built for the local shapes. The
+    module gets the mesh and ``mhlo.num_partitions``; XLA's partitioner shards the rest."""
+    out, index = [], 0
+    for line in text.splitlines():
+        m = _CALL.match(line)
+        if not m:
+            out.append(line)
+            continue
+        call, index = calls[index], index + 1
+        split = _sharded_dims(call, mesh)
+        if split is None:
+            out.append(line)
+            continue
+        indent, result, operands, attrs, in_types, out_types = m.groups()
+        ins, outs, params = split
+        in_t, out_t = _types(in_types), _types(out_types)
+        local_in = [_local(t, d, mesh) for t, d in zip(in_t, ins)]
+        local_out = [_local(t, d, mesh) for t, d in zip(out_t, outs)]
+        try:
+            config, name = _tessera.tpu_custom_call_config(
+                call.kernel, [f"{k}={v}" for k, v in params.items()], len(call.inputs))
+        except ValueError as e:
+            raise LoweringError(f"TPU: {e}") from None
+        args = [f"%shard{index}_{i}" for i in range(len(in_t))]
+        local = f"%local{index}" + (f":{len(out_t)}" if len(out_t) > 1 else "")
+        rets = [f"%local{index}#{i}" for i in range(len(out_t))] if len(out_t) > 1 else [f"%local{index}"]
+        attrs = re.sub(r'kernel_name = "[^"]*"', f'kernel_name = "{name}"', attrs)
+        wrap = lambda ts: ts[0] if len(ts) == 1 else f"({', '.join(ts)})"  # noqa: E731
+        out += [
+            f"{indent}{result} = sdy.manual_computation({operands}) "
+            f"in_shardings=[{', '.join(_sharding(t, d) for t, d in zip(in_t, ins))}] "
+            f"out_shardings=[{', '.join(_sharding(t, d) for t, d in zip(out_t, outs))}] "
+            f'manual_axes={{"{MESH_AXIS}"}} ({", ".join(f"{a}: {t}" for a, t in zip(args, local_in))}) {{',
+            f"{indent}  {local} = stablehlo.custom_call @tpu_custom_call({', '.join(args)}) "
+            f'{{backend_config = "{_escape(config)}", {attrs}}} : ({", ".join(local_in)}) -> {wrap(local_out)}',
+            f"{indent}  sdy.return {', '.join(rets)} : {', '.join(local_out)}",
+            f"{indent}}} : ({', '.join(in_t)}) -> {wrap(out_t)}",
+        ]
+    text = "\n".join(out)
+    header = f'mhlo.num_partitions = {mesh} : i32, mhlo.num_replicas = 1 : i32'
+    mesh_op = f'  sdy.mesh @mesh = <["{MESH_AXIS}"={mesh}]>'
+    if text.startswith("module {"):
+        return text.replace("module {", f"module attributes {{{header}}} {{\n{mesh_op}", 1)
+    return re.sub(r"^module attributes \{", f"module attributes {{{header}, ", text, count=1).replace(
+        "{\n", "{\n" + mesh_op + "\n", 1)
+
+
+def _escape(config: str) -> str:
+    """A JSON config as an MLIR string attribute's contents."""
+    return config.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def _stable_constants(text: str) -> str:
