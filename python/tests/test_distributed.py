@@ -33,14 +33,18 @@ def _block_worker(rank, world, port, result_dir):
 
     _init(rank, world, port)
     out_diff, grad_diff, trace = tensor_parallel.check()
+    split, whole = tensor_parallel.check_training()
     torch.save({"out": out_diff, "grad": grad_diff, "launches": trace.launches,
-                "tessera": dict(trace.tessera)}, pathlib.Path(result_dir) / f"rank{rank}.pt")
+                "tessera": dict(trace.tessera), "split": split, "whole": whole},
+               pathlib.Path(result_dir) / f"rank{rank}.pt")
     dist.destroy_process_group()
 
 
-def test_tensor_parallel_llama_block_matches_the_whole_block(tmp_path):
+def test_tensor_parallel_llama_block_and_gpt_training_match_the_whole_model(tmp_path):
     for r in _spawn(_block_worker, tmp_path):
         assert r["out"] < 1e-5 and r["grad"] < 1e-4, r
+        for step, (a, b) in enumerate(zip(r["split"], r["whole"])):
+            assert abs(a - b) <= 1e-4 * max(1.0, abs(b)), (step, r["split"], r["whole"])
         # The kernels ran on each rank's shard: 2 of 4 query heads, 1 of 2 kv heads, half
         # of the MLP's 128 hidden columns; forward and backward.
         launched = " | ".join(r["launches"])
