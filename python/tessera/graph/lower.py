@@ -421,12 +421,17 @@ def shard_calls(text: str, calls: List[KernelCall], mesh: int) -> str:
         if not m:
             out.append(line)
             continue
+        if index >= len(calls):
+            raise LoweringError("sharded export: more tpu_custom_calls than Tessera calls")
         call, index = calls[index], index + 1
+        indent, result, operands, attrs, in_types, out_types = m.groups()
+        named = re.search(r'kernel_name = "([^"]*)"', attrs)
+        if call.kernel != USER_OP and named and not call.kernel.startswith(named.group(1).split("_")[0]):
+            raise LoweringError(f"sharded export: call {index} is {named.group(1)}, expected {call.kernel}")
         split = _sharded_dims(call, mesh)
         if split is None:
             out.append(line)
             continue
-        indent, result, operands, attrs, in_types, out_types = m.groups()
         ins, outs, params = split
         in_t, out_t = _types(in_types), _types(out_types)
         local_in = [_local(t, d, mesh) for t, d in zip(in_t, ins)]
