@@ -22,7 +22,7 @@ import torch
 from . import _tessera
 
 __all__ = ["backend", "disable_sdpa_override", "enable_sdpa_override", "explain",
-           "explain_graph", "export", "graph_stats", "load_library", "reset_graph_stats", "trace_ops"]
+           "explain_graph", "export", "graph_stats", "load_library", "OpTrace", "reset_graph_stats", "trace_ops"]
 
 _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 

@@ -12,7 +12,6 @@ import collections
 import contextlib
 from dataclasses import dataclass, field
 
-import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import _tessera, library
