@@ -15,6 +15,7 @@ def main(argv=None) -> int:
     e.add_argument("model", help="MODULE:FUNCTION returning (model, example_args)")
     e.add_argument("--target", choices=("tpu", "cpu"), default="tpu")
     e.add_argument("--out", help="output file (default: standard output)")
+    e.add_argument("--mesh", type=int, default=1, help="TPU devices to shard over (one mesh axis)")
     e.add_argument("--path", action="append", default=[], help="a directory to import MODULE from")
     args = p.parse_args(argv)
     sys.path[:0] = args.path
@@ -30,8 +31,8 @@ def main(argv=None) -> int:
 
     model, example = factory()
     try:
-        text = tessera.export(model, *example, target=args.target, path=args.out)
-    except tessera.graph.GraphModeError as err:
+        text = tessera.export(model, *example, target=args.target, path=args.out, mesh=args.mesh)
+    except (tessera.graph.GraphModeError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     if args.out is None:
