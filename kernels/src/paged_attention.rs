@@ -101,12 +101,7 @@ const PARAMS: &[ParamDef] = &[
 impl PagedAttentionConfig {
     /// Reads and validates the parameters.
     pub fn from_params(p: &Params) -> Result<Self, BoxError> {
-        let (heads, kv_heads) = (p.dim("heads")?, p.dim("kv_heads")?);
-        if heads % kv_heads != 0 {
-            return Err(
-                format!("`heads` ({heads}) must be a multiple of `kv_heads` ({kv_heads})").into(),
-            );
-        }
+        let (heads, kv_heads) = p.heads()?;
         let head_dim = p.dim("head_dim")?;
         Ok(PagedAttentionConfig {
             batch: p.dim("batch")?,

@@ -86,6 +86,17 @@ impl Params {
         }
     }
 
+    /// Attention's `heads` and `kv_heads` (GQA: the kv heads divide the query heads).
+    pub fn heads(&self) -> Result<(u64, u64), ParamError> {
+        let (heads, kv_heads) = (self.dim("heads")?, self.dim("kv_heads")?);
+        if !heads.is_multiple_of(kv_heads) {
+            return Err(ParamError(format!(
+                "`heads` ({heads}) must be a multiple of `kv_heads` ({kv_heads})"
+            )));
+        }
+        Ok((heads, kv_heads))
+    }
+
     /// A boolean (`true`/`false`/`1`/`0`).
     pub fn flag(&self, name: &str) -> Result<bool, ParamError> {
         match self.raw(name)? {

@@ -87,17 +87,23 @@ def rows():
            fwd_bwd(lambda: F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, enable_gqa=True)))
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=15)
+def print_table(doc, rows, repeats=15, width=42):
+    """Parses ``--repeats`` (default ``repeats``), times ``rows`` (name, tessera, torch)
+    and prints the markdown table."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=repeats)
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; medians of {args.repeats}")
-    print(f"| {'call':<42} | {'tessera':>10} | {'PyTorch':>10} | {'ratio':>5} |")
-    print(f"|{'-' * 44}|{'-' * 12}|{'-' * 12}|{'-' * 7}|")
-    for name, tessera_fn, torch_fn in rows():
+    print(f"| {'call':<{width}} | {'tessera':>10} | {'PyTorch':>10} | {'ratio':>5} |")
+    print(f"|{'-' * (width + 2)}|{'-' * 12}|{'-' * 12}|{'-' * 7}|")
+    for name, tessera_fn, torch_fn in rows:
         t, p = compare(args.repeats, tessera_fn, torch_fn)
         unit, scale = ("us", 1e6) if max(t, p) < 1e-3 else ("ms", 1e3)
-        print(f"| {name:<42} | {t * scale:>7.1f} {unit} | {p * scale:>7.1f} {unit} | {t / p:>5.2f} |")
+        print(f"| {name:<{width}} | {t * scale:>7.1f} {unit} | {p * scale:>7.1f} {unit} | {t / p:>5.2f} |")
+
+
+def main():
+    print_table(__doc__, rows())
     print(f"(backend: {tessera.explain('softmax', rows=64, cols=256)[0]})")
 
 

@@ -11,13 +11,11 @@ enough calls to take ~20 ms, Tessera and PyTorch alternating) and their ratio (<
 Tessera is faster).
 """
 
-import argparse
-
 import torch
 import torch.nn.functional as F
 
 import tessera  # noqa: F401  (registers the ops)
-from eager_cost import compare
+from eager_cost import print_table
 
 ops = torch.ops.tessera
 
@@ -87,15 +85,7 @@ def rows():
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=9)
-    args = parser.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; medians of {args.repeats}")
-    print(f"| {'call':<58} | {'tessera':>9} | {'PyTorch':>9} | {'ratio':>5} |")
-    print(f"|{'-' * 60}|{'-' * 11}|{'-' * 11}|{'-' * 7}|")
-    for name, tessera_fn, torch_fn in rows():
-        t, p = compare(args.repeats, tessera_fn, torch_fn)
-        print(f"| {name:<58} | {t * 1e3:>6.2f} ms | {p * 1e3:>6.2f} ms | {t / p:>5.2f} |")
+    print_table(__doc__, rows(), repeats=9, width=58)
 
 
 if __name__ == "__main__":

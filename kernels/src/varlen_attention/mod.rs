@@ -118,12 +118,7 @@ const PARAMS: &[ParamDef] = &[
 impl VarlenConfig {
     /// Reads and validates the parameters.
     pub fn from_params(p: &Params) -> Result<Self, BoxError> {
-        let (heads, kv_heads) = (p.dim("heads")?, p.dim("kv_heads")?);
-        if heads % kv_heads != 0 {
-            return Err(
-                format!("`heads` ({heads}) must be a multiple of `kv_heads` ({kv_heads})").into(),
-            );
-        }
+        let (heads, kv_heads) = p.heads()?;
         let head_dim = p.dim("head_dim")?;
         if head_dim > 256 {
             return Err(format!("`head_dim` must be in 1..=256, got {head_dim}").into());
