@@ -28,6 +28,13 @@ def _init(rank, world, port):
     dist.init_process_group("gloo", rank=rank, world_size=world)
 
 
+def _finish():
+    """Ends a worker once every rank is done: tearing down gloo's threads (and DDP's
+    reducer) at exit can deadlock on the GIL in PyTorch, so leave without destructors."""
+    dist.barrier()
+    os._exit(0)
+
+
 def _block_worker(rank, world, port, result_dir):
     import tensor_parallel
 
@@ -37,7 +44,7 @@ def _block_worker(rank, world, port, result_dir):
     torch.save({"out": out_diff, "grad": grad_diff, "launches": trace.launches,
                 "tessera": dict(trace.tessera), "split": split, "whole": whole},
                pathlib.Path(result_dir) / f"rank{rank}.pt")
-    dist.destroy_process_group()
+    _finish()
 
 
 def test_tensor_parallel_llama_block_and_gpt_training_match_the_whole_model(tmp_path):
@@ -104,7 +111,7 @@ def _rules_worker(rank, world, port, result_dir):
             "launches": trace.launches,
         }
     torch.save(results, pathlib.Path(result_dir) / f"rank{rank}.pt")
-    dist.destroy_process_group()
+    _finish()
 
 
 def test_sharding_rules_run_each_op_on_local_shards(tmp_path):
@@ -160,7 +167,7 @@ def _data_parallel_worker(rank, world, port, result_dir):
     result = {mode: run(rank, world) for mode, run in data_parallel.MODES.items()}
     result["graph_stats"] = tessera.graph_stats()
     torch.save(result, pathlib.Path(result_dir) / f"rank{rank}.pt")
-    dist.destroy_process_group()
+    _finish()
 
 
 def test_fsdp2_and_graph_mode_under_ddp_train_like_one_process(tmp_path):
