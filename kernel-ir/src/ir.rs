@@ -210,6 +210,17 @@ impl IndexExpr {
         })
     }
 
+    /// The last scalar-prefetch operand the expression reads, if any (no allocation
+    /// for expressions that read none).
+    pub fn last_scalar_read(&self) -> Option<RefId> {
+        self.fold(&mut |node: IndexNode<Option<u32>>| match node {
+            IndexNode::ProgramId(_) | IndexNode::Const(_) => None,
+            IndexNode::Bin(_, a, b) => a.max(b),
+            IndexNode::Scalar(r, index) => index.into_iter().flatten().max().max(Some(r.0)),
+        })
+        .map(RefId)
+    }
+
     /// The scalar-prefetch operands the expression reads, with the index rank of each
     /// read.
     pub fn scalar_reads(&self) -> Vec<(RefId, usize)> {
@@ -270,7 +281,7 @@ impl IndexMap {
 
     /// Whether some block index depends on a scalar-prefetch operand.
     pub fn reads_scalars(&self) -> bool {
-        self.exprs.iter().any(|e| !e.scalar_reads().is_empty())
+        self.exprs.iter().any(|e| e.last_scalar_read().is_some())
     }
 }
 
@@ -953,8 +964,8 @@ impl Kernel {
             .iter()
             .filter_map(|r| r.block.as_ref())
             .flat_map(|b| &b.index_map.exprs)
-            .flat_map(IndexExpr::scalar_reads)
-            .map(|(r, _)| r.0 as usize + 1)
+            .filter_map(IndexExpr::last_scalar_read)
+            .map(|r| r.0 as usize + 1)
             .max()
             .unwrap_or(0)
     }

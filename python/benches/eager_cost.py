@@ -50,6 +50,16 @@ def attention_inputs(grad=False):
     return q, k, v
 
 
+def fwd_bwd(fn, leaves, grad):
+    """A call of ``fn`` then its backward for output gradient ``grad``, the gradients
+    of ``leaves`` cleared first."""
+    def run():
+        for t in leaves:
+            t.grad = None
+        fn().backward(grad)
+    return run
+
+
 def rows():
     x64, w256 = torch.randn(64, 256), torch.rand(256) + 0.5
     x512 = torch.randn(512, 2048)
@@ -57,13 +67,6 @@ def rows():
     q, k, v = attention_inputs()
     qg, kg, vg = attention_inputs(grad=True)
     do = torch.randn(1, 8, 256, 64)
-
-    def fwd_bwd(fn):
-        def run():
-            for t in (qg, kg, vg):
-                t.grad = None
-            fn().backward(do)
-        return run
 
     yield "softmax 64x256", lambda: ops.softmax(x64), lambda: torch.softmax(x64, -1)
 
@@ -83,8 +86,9 @@ def rows():
            lambda: ops.flash_attention(q, k, v, is_causal=True),
            lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
     yield ("same, forward + backward",
-           fwd_bwd(lambda: ops.flash_attention(qg, kg, vg, is_causal=True)),
-           fwd_bwd(lambda: F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, enable_gqa=True)))
+           fwd_bwd(lambda: ops.flash_attention(qg, kg, vg, is_causal=True), (qg, kg, vg), do),
+           fwd_bwd(lambda: F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, enable_gqa=True),
+                   (qg, kg, vg), do))
 
 
 def print_table(doc, rows, repeats=15, width=42):

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import tessera  # noqa: F401  (registers the ops)
-from eager_cost import print_table
+from eager_cost import fwd_bwd, print_table
 
 ops = torch.ops.tessera
 
@@ -71,17 +71,9 @@ def rows():
     yield ("varlen prefill causal, 8 seqs / 2048 tokens, 8/2 heads D64",
            lambda: ops.varlen_attention(q, k, v, cu, cu, True), lambda: sdpa_per_sequence(q, k, v, cu))
     qg, kg, vg, cu = varlen_inputs(8, 2048, 8, 2, 64, grad=True)
-    do = torch.randn_like(qg)
-
-    def fwd_bwd(fn):
-        def run():
-            for t in (qg, kg, vg):
-                t.grad = None
-            fn().backward(do)
-        return run
-
-    yield ("same, forward + backward", fwd_bwd(lambda: ops.varlen_attention(qg, kg, vg, cu, cu, True)),
-           fwd_bwd(lambda: sdpa_per_sequence(qg, kg, vg, cu)))
+    do, leaves = torch.randn_like(qg), (qg, kg, vg)
+    yield ("same, forward + backward", fwd_bwd(lambda: ops.varlen_attention(qg, kg, vg, cu, cu, True), leaves, do),
+           fwd_bwd(lambda: sdpa_per_sequence(qg, kg, vg, cu), leaves, do))
 
 
 def main():

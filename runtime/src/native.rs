@@ -515,15 +515,18 @@ unsafe fn execute_raw(
 ) -> Result<(), crate::Error> {
     // Blocks placed by scalar-prefetch reads are computed by the compiled code, which
     // trusts them: check every program's first.
-    let prefetch: Vec<&[i32]> = kernel.refs[..kernel.scalar_prefetch()]
-        .iter()
-        .zip(inputs)
-        // SAFETY: the scalar-prefetch operands are i32 inputs of these types.
-        .map(|(r, &p)| unsafe {
-            std::slice::from_raw_parts(p as *const i32, r.ty.num_elements() as usize)
-        })
-        .collect();
-    kernel_ir::check_scalar_prefetch(kernel, &prefetch)?;
+    let prefetched = kernel.scalar_prefetch();
+    if prefetched > 0 {
+        let prefetch: Vec<&[i32]> = kernel.refs[..prefetched]
+            .iter()
+            .zip(inputs)
+            // SAFETY: the scalar-prefetch operands are i32 inputs of these types.
+            .map(|(r, &p)| unsafe {
+                std::slice::from_raw_parts(p as *const i32, r.ty.num_elements() as usize)
+            })
+            .collect();
+        kernel_ir::check_scalar_prefetch(kernel, &prefetch)?;
+    }
     let io: Vec<_> = kernel
         .refs
         .iter()

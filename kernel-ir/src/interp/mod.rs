@@ -199,18 +199,28 @@ fn program_block_starts(
     kernel
         .refs
         .iter()
-        .filter_map(|r| Some((r, r.block.as_ref()?)))
-        .map(|(r, spec)| {
+        .filter(|r| r.block.is_some())
+        .map(|r| {
             let what = format!("{} %{}", r.kind.keyword(), r.name);
-            block_starts(&what, &r.ty.shape, spec, pids, Some(&mut read)).map_err(|e| {
-                RunError::Fault {
-                    program: pids.to_vec(),
-                    op: e.op,
-                    message: e.message,
-                }
-            })
+            ref_block_starts(&what, r, pids, &mut read)
         })
         .collect()
+}
+
+/// Where I/O ref `r`'s block of program `pids` starts (see [`block_starts`]), a failure
+/// being a fault of the program.
+fn ref_block_starts(
+    what: &str,
+    r: &crate::ir::RefDecl,
+    pids: &[u64],
+    read: &mut crate::ir::ScalarRead,
+) -> Result<Vec<u64>, RunError> {
+    let spec = r.block.as_ref().expect("I/O refs have block specs");
+    block_starts(what, &r.ty.shape, spec, pids, Some(read)).map_err(|e| RunError::Fault {
+        program: pids.to_vec(),
+        op: e.op,
+        message: e.message,
+    })
 }
 
 /// Checks that the blocks every program's index maps place from scalar-prefetch data
@@ -218,29 +228,26 @@ fn program_block_starts(
 /// block positions in compiled code (native, XLA) call this before running, so a bad
 /// table is an error naming the program, the ref and the read, never a stray access.
 pub fn check_scalar_prefetch(kernel: &Kernel, prefetch: &[&[i32]]) -> Result<(), RunError> {
+    if kernel.scalar_prefetch() == 0 {
+        return Ok(());
+    }
     // The verifier checked the maps that read no data.
     let dependent: Vec<_> = kernel
         .refs
         .iter()
-        .filter_map(|r| Some((r, r.block.as_ref()?)))
-        .filter(|(_, spec)| spec.index_map.reads_scalars())
-        .map(|(r, spec)| (format!("{} %{}", r.kind.keyword(), r.name), r, spec))
+        .filter(|r| {
+            r.block
+                .as_ref()
+                .is_some_and(|b| b.index_map.reads_scalars())
+        })
+        .map(|r| (format!("{} %{}", r.kind.keyword(), r.name), r))
         .collect();
-    if dependent.is_empty() {
-        return Ok(());
-    }
     let mut read = read_prefetch(kernel, prefetch);
     (0..kernel.num_programs()).try_for_each(|i| {
         let pids = unflatten(i, &kernel.grid);
-        dependent.iter().try_for_each(|(what, r, spec)| {
-            block_starts(what, &r.ty.shape, spec, &pids, Some(&mut read))
-                .map(drop)
-                .map_err(|e| RunError::Fault {
-                    program: pids.clone(),
-                    op: e.op,
-                    message: e.message,
-                })
-        })
+        dependent
+            .iter()
+            .try_for_each(|(what, r)| ref_block_starts(what, r, &pids, &mut read).map(drop))
     })
 }
 
@@ -293,6 +300,7 @@ pub fn interpret(
         }
         failed.store(true, Ordering::Relaxed);
     };
+    let prefetch = prefetch_data(kernel, inputs);
     let worker = || {
         let scratch: Result<Vec<Array>, _> = kernel
             .refs_of(RefKind::Scratch)
@@ -310,7 +318,9 @@ pub fn interpret(
             for i in 0..inner {
                 let flat = o * inner + i;
                 let pids = unflatten(flat, &kernel.grid);
-                if let Err(e) = run_program(kernel, &pids, inputs, &outputs, &mut scratch) {
+                if let Err(e) =
+                    run_program(kernel, &pids, (inputs, &prefetch), &outputs, &mut scratch)
+                {
                     let e = match e {
                         ProgramError::Fault(f) => RunError::Fault {
                             program: pids,
@@ -364,12 +374,12 @@ struct Program<'k, 'a> {
 fn run_program<'k>(
     kernel: &'k Kernel,
     pids: &[u64],
-    inputs: &[Array],
+    inputs: (&[Array], &[&[i32]]),
     outputs: &[Mutex<Array>],
     scratch: &mut [Array],
 ) -> Result<(), ProgramError<'k>> {
-    let block_starts = program_block_starts(kernel, pids, &prefetch_data(kernel, inputs))
-        .map_err(ProgramError::Run)?;
+    let (inputs, prefetch) = inputs;
+    let block_starts = program_block_starts(kernel, pids, prefetch).map_err(ProgramError::Run)?;
     let mut program = Program {
         kernel,
         pids,

@@ -97,10 +97,7 @@ def kernel_call(node: torch.fx.Node) -> KernelCall:
         return _row_call("swiglu", args[0], {}, n_matrices=2)
     if name in ("flash_attention", "flash_attention_fwd", "flash_attention_bwd"):
         q, k, v = args[:3]
-        # Every argument by its schema name, defaults filled in.
-        named = {a.name: a.default_value for a in node.target._schema.arguments}
-        named.update(zip(named, args))
-        named.update(node.kwargs)
+        named = _named_args(node, args)
         params = _attention_params(q, k, v, named.get("is_causal", False), named.get("scale"),
                                    named["window"], named["softcap"])
         dt = params["dtype"]
@@ -130,13 +127,19 @@ def kernel_call(node: torch.fx.Node) -> KernelCall:
     raise LoweringError(f"tessera.{name} has no custom-call lowering")
 
 
+def _named_args(node: torch.fx.Node, args: list) -> dict:
+    """Every argument of a Tessera op node by its schema name, defaults filled in."""
+    named = {a.name: a.default_value for a in node.target._schema.arguments}
+    named.update(zip(named, args))
+    named.update(node.kwargs)
+    return named
+
+
 def _varlen_call(node: torch.fx.Node, name: str, args: list) -> KernelCall:
     """The custom call of a varlen attention node: q, k, v (and grad_out) and the offsets
     go in (the kernel plans its tiles from the offsets at run time); the backward
     recomputes the forward rather than taking the saved results."""
-    named = {a.name: a.default_value for a in node.target._schema.arguments}
-    named.update(zip(named, args))
-    named.update(node.kwargs)
+    named = _named_args(node, args)
     q, k = named["q"], named["k"]
     h, total_q, d = q.shape
     scale = named.get("scale")
