@@ -4,7 +4,8 @@ use std::path::Path;
 use std::time::Instant;
 
 use kernel_ir::{parse_kernel, print_kernel, AllocError, Array, Kernel};
-use kernels::{all, compare, find, BoxError, LibraryKernel, Params};
+use kernels::{all, compare, find, tuning, BoxError, LibraryKernel, Params};
+use runtime::tune::TuneTarget;
 use runtime::{Backend, Resolution};
 
 /// A failed command: exit code 1 (wrong result, runtime failure) or 2 (bad input).
@@ -13,14 +14,14 @@ pub struct Failure {
     pub message: String,
 }
 
-fn usage(message: impl Into<String>) -> Failure {
+pub(crate) fn usage(message: impl Into<String>) -> Failure {
     Failure {
         code: 2,
         message: message.into(),
     }
 }
 
-fn runtime_failure(message: impl Into<String>) -> Failure {
+pub(crate) fn runtime_failure(message: impl Into<String>) -> Failure {
     Failure {
         code: 1,
         message: message.into(),
@@ -29,7 +30,7 @@ fn runtime_failure(message: impl Into<String>) -> Failure {
 
 /// A failed run: exit 2 when an array could not be allocated (its size came from the
 /// command line), 1 otherwise.
-fn run_failure(context: &str, e: BoxError) -> Failure {
+pub(crate) fn run_failure(context: &str, e: BoxError) -> Failure {
     let message = format!("{context}: {e}");
     if AllocError::in_chain(&*e) {
         usage(message)
@@ -38,7 +39,7 @@ fn run_failure(context: &str, e: BoxError) -> Failure {
     }
 }
 
-fn library_kernel(name: &str) -> Result<&'static dyn LibraryKernel, Failure> {
+pub(crate) fn library_kernel(name: &str) -> Result<&'static dyn LibraryKernel, Failure> {
     find(name).ok_or_else(|| {
         let names: Vec<_> = all().iter().map(|k| k.name()).collect();
         usage(format!(
@@ -48,12 +49,12 @@ fn library_kernel(name: &str) -> Result<&'static dyn LibraryKernel, Failure> {
     })
 }
 
-fn params(k: &dyn LibraryKernel, overrides: &[String]) -> Result<Params, Failure> {
+pub(crate) fn params(k: &dyn LibraryKernel, overrides: &[String]) -> Result<Params, Failure> {
     Params::parse(k.params(), overrides).map_err(|e| usage(format!("{}: {e}", k.name())))
 }
 
 /// Kernels built from bad parameters (a zero size, an odd head dim) are usage errors.
-fn build(k: &dyn LibraryKernel, p: &Params) -> Result<Vec<Kernel>, Failure> {
+pub(crate) fn build(k: &dyn LibraryKernel, p: &Params) -> Result<Vec<Kernel>, Failure> {
     k.build(p)
         .map_err(|e| usage(format!("{} {p}: {e}", k.name())))
 }
@@ -98,6 +99,28 @@ pub fn ir(kernel: Option<&str>, overrides: &[String], parse: Option<&Path>) -> R
     Ok(())
 }
 
+/// The parameters of `k` for `overrides`, with the blocks `tessera tune` chose for
+/// `target` (or, for `None`, for the backend `requested` resolves to) filling the
+/// tunable parameters `overrides` does not set.
+fn tuned_params(
+    k: &dyn LibraryKernel,
+    overrides: &[String],
+    requested: Backend,
+    target: Option<TuneTarget>,
+) -> Result<Params, Failure> {
+    let mut p = params(k, overrides)?;
+    let target = target.or_else(|| {
+        let kernels = k.build(&p).ok()?;
+        let resolution = runtime::resolve(requested, kernels.first()?).ok()?;
+        TuneTarget::of_backend(resolution.backend)
+    });
+    let tuned = target.and_then(|t| runtime::tune::lookup(k.name(), &tuning::problem(k, &p), t));
+    if let Some(t) = tuned {
+        tuning::apply(k, &mut p, &t.config, &tuning::named_in(overrides));
+    }
+    Ok(p)
+}
+
 fn requested_backend(flag: Option<&str>) -> Result<Backend, Failure> {
     match flag {
         Some(b) => b.parse().map_err(|e: runtime::Error| usage(e.to_string())),
@@ -117,7 +140,7 @@ fn debug_log(r: &Resolution) {
 }
 
 /// Runs `k` with every kernel on `requested`; returns outputs and the backend used.
-fn execute(
+pub(crate) fn execute(
     k: &dyn LibraryKernel,
     p: &Params,
     inputs: &[Array],
@@ -140,8 +163,8 @@ pub fn run(
     seed: u64,
 ) -> Result<(), Failure> {
     let k = library_kernel(name)?;
-    let p = params(k, overrides)?;
     let requested = requested_backend(backend)?;
+    let p = tuned_params(k, overrides, requested, None)?;
     let kernels = build(k, &p)?;
     for kernel in &kernels {
         runtime::resolve(requested, kernel).map_err(|e| usage(e.to_string()))?;
@@ -174,7 +197,10 @@ pub fn run(
 }
 
 /// Median wall time of `runs` calls, in milliseconds.
-fn median_ms(runs: usize, mut f: impl FnMut() -> Result<(), BoxError>) -> Result<f64, BoxError> {
+pub(crate) fn median_ms(
+    runs: usize,
+    mut f: impl FnMut() -> Result<(), BoxError>,
+) -> Result<f64, BoxError> {
     let mut times = Vec::with_capacity(runs);
     for _ in 0..runs {
         let t = Instant::now();
@@ -341,7 +367,7 @@ fn time_kernel(
     runs: usize,
 ) -> Result<Timing, Failure> {
     let name = k.name();
-    let p = params(k, overrides)?;
+    let p = tuned_params(k, overrides, requested, None)?;
     for kernel in build(k, &p)? {
         runtime::resolve(requested, &kernel).map_err(|e| usage(e.to_string()))?;
     }
@@ -557,7 +583,13 @@ pub fn lower(
     out: Option<&Path>,
 ) -> Result<(), Failure> {
     let k = library_kernel(name)?;
-    let p = params(k, overrides)?;
+    let tuned_for = match target {
+        "mosaic" | "mosaic-body" => Some(TuneTarget::Mosaic),
+        "stablehlo" => Some(TuneTarget::Xla),
+        "cpu-mlir" => Some(TuneTarget::Native),
+        _ => None,
+    };
+    let p = tuned_params(k, overrides, Backend::Auto, tuned_for)?;
     let mut limits = lowering::tpu_rules::TpuLimits::default();
     if let Some(bytes) = vmem_limit {
         limits.vmem_bytes = bytes;

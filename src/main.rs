@@ -4,6 +4,7 @@
 
 mod commands;
 mod plot;
+mod tune;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -120,6 +121,33 @@ enum Command {
         #[arg(long, value_name = "FILE", requires = "sweep")]
         plot: Option<PathBuf>,
     },
+    /// Search a kernel's block sizes for one problem and store the fastest correct ones,
+    /// which ops, `run`, `bench`, `lower` and graph mode then use.
+    Tune {
+        /// Library kernel name (optional with --list and --clear).
+        #[arg(required_unless_present_any = ["list", "clear"])]
+        kernel: Option<String>,
+        /// native or xla (measured), or mosaic (TPU rules, then a cost model).
+        #[arg(long, default_value = "native")]
+        backend: String,
+        #[command(flatten)]
+        params: ParamArgs,
+        /// Seconds the search may take (the current blocks are always measured).
+        #[arg(long, default_value_t = 60.0, value_name = "SECS")]
+        budget: f64,
+        /// Timed runs per candidate, after one checked run.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Measure again even if a tuned configuration is stored.
+        #[arg(long)]
+        force: bool,
+        /// Print every stored configuration.
+        #[arg(long, conflicts_with_all = ["clear", "force"])]
+        list: bool,
+        /// Remove the stored configurations (of KERNEL only, if given).
+        #[arg(long, conflicts_with = "force")]
+        clear: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -163,6 +191,31 @@ fn main() -> ExitCode {
         Command::Cache { action } => match action {
             CacheAction::Stats => commands::cache_stats(),
             CacheAction::Clear => commands::cache_clear(),
+        },
+        Command::Tune {
+            kernel,
+            backend,
+            params,
+            budget,
+            runs,
+            force,
+            list,
+            clear,
+        } => match (list, clear, kernel.as_deref()) {
+            (true, _, None) => tune::list(),
+            (true, _, Some(_)) => Err(commands::usage("--list takes no kernel name")),
+            (_, true, kernel) => tune::clear(kernel),
+            (_, _, Some(kernel)) => tune::tune(
+                kernel,
+                &tune::TuneArgs {
+                    target: &backend,
+                    overrides: &params.shape,
+                    budget,
+                    runs,
+                    force,
+                },
+            ),
+            (_, _, None) => Err(commands::usage("`tessera tune` needs a kernel name")),
         },
         Command::Bench {
             kernel,

@@ -563,3 +563,82 @@ fn two_processes_compiling_into_one_cache_leave_valid_entries() {
     assert!(!err.contains("warning"), "{err}");
     assert_eq!(stdout(&c), stdout(&a));
 }
+
+/// `tessera tune` measures candidates, stores the best, and every later
+/// command in a new process uses it; corrupt entries are reported and re-tuned.
+#[test]
+fn tune_stores_a_config_that_later_runs_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let cli = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .args(args)
+            .env_remove("TESSERA_BACKEND")
+            .env("TESSERA_CACHE_DIR", dir.path())
+            .env("TESSERA_LOG", "debug")
+            .output()
+            .unwrap()
+    };
+    let shape = "rows=16,cols=64";
+    let tune = ["tune", "softmax", "--shape", shape, "--runs", "2"];
+    let first = cli(&tune);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let report = stdout(&first);
+    assert!(report.contains("(current)"), "{report}");
+    assert!(report.contains("tuned softmax"), "{report}");
+    assert!(report.contains("saved "), "{report}");
+
+    let listed = cli(&["tune", "--list"]);
+    assert!(stdout(&listed).contains("softmax"), "{}", stdout(&listed));
+    let again = cli(&tune);
+    assert!(
+        stdout(&again).contains("already tuned"),
+        "{}",
+        stdout(&again)
+    );
+    let run = cli(&["run", "softmax", "--shape", shape]);
+    assert!(run.status.success());
+    assert!(stderr(&run).contains("tuned config"), "{}", stderr(&run));
+
+    let entries: Vec<_> = std::fs::read_dir(dir.path().join("tune"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    std::fs::write(&entries[0], b"garbage").unwrap();
+    let run = cli(&["run", "softmax", "--shape", shape]);
+    assert!(run.status.success(), "a corrupt entry must not fail a run");
+    assert!(stderr(&run).contains("warning"), "{}", stderr(&run));
+    let retuned = cli(&tune);
+    assert!(stdout(&retuned).contains("tuned softmax"));
+
+    let mosaic = cli(&[
+        "tune",
+        "matmul",
+        "--backend",
+        "mosaic",
+        "--shape",
+        "m=256,k=256,n=256",
+    ]);
+    assert!(mosaic.status.success(), "{}", stderr(&mosaic));
+    assert!(stdout(&mosaic).contains("on mosaic"), "{}", stdout(&mosaic));
+
+    let cleared = cli(&["tune", "--clear"]);
+    assert!(cleared.status.success(), "{}", stderr(&cleared));
+    let listed = cli(&["tune", "--list"]);
+    assert!(
+        stdout(&listed).contains("(0 entries)"),
+        "{}",
+        stdout(&listed)
+    );
+
+    for bad in [
+        &["tune", "paged_attention"][..],
+        &["tune", "softmax", "--backend", "nope"],
+        &["tune", "softmax", "--budget", "0"],
+        &["tune", "no_such_kernel"],
+    ] {
+        let o = cli(bad);
+        assert_eq!(o.status.code(), Some(2), "{bad:?}: {}", stderr(&o));
+        assert!(stderr(&o).starts_with("error: "), "{bad:?}: {}", stderr(&o));
+    }
+}

@@ -11,6 +11,7 @@ mod params;
 mod rope;
 mod softmax;
 mod swiglu;
+pub mod tuning;
 mod varlen_attention;
 
 use kernel_ir::{Array, Kernel};
@@ -25,6 +26,7 @@ pub use params::{ParamDef, ParamError, Params};
 pub use rope::{Rope, RopeConfig};
 pub use softmax::{Softmax, SoftmaxConfig};
 pub use swiglu::{Swiglu, SwigluConfig};
+pub use tuning::Tunable;
 pub use varlen_attention::{
     check_cu_seqlens, VarlenAttention, VarlenAttentionBwd, VarlenConfig, VarlenPlan,
 };
@@ -53,6 +55,8 @@ pub trait LibraryKernel: Sync {
     fn summary(&self) -> &'static str;
     /// The parameters it takes, with defaults.
     fn params(&self) -> &'static [ParamDef];
+    /// The parameters the autotuner may choose (block sizes), with the values it tries.
+    fn tunables(&self) -> &'static [Tunable];
     /// The kernels this op runs, in order (most ops have one).
     fn build(&self, p: &Params) -> Result<Vec<Kernel>, BoxError>;
     /// Deterministic random inputs.
@@ -78,6 +82,8 @@ pub trait Op: Sync {
     const SUMMARY: &'static str;
     /// The parameters it takes, with defaults.
     const PARAMS: &'static [ParamDef];
+    /// The parameters the autotuner may choose (none by default).
+    const TUNABLE: &'static [Tunable] = &[];
     /// Parses and validates the parameters.
     fn config(p: &Params) -> Result<Self::Config, BoxError>;
     /// The kernels this op runs, in order.
@@ -110,6 +116,9 @@ impl<T: Op> LibraryKernel for T {
     }
     fn params(&self) -> &'static [ParamDef] {
         T::PARAMS
+    }
+    fn tunables(&self) -> &'static [Tunable] {
+        T::TUNABLE
     }
     fn build(&self, p: &Params) -> Result<Vec<Kernel>, BoxError> {
         T::build(&T::config(p)?)

@@ -6,7 +6,7 @@ use kernel_ir::{AllocError, Array, DimSemantics};
 use kernel_macros::kernel;
 
 use crate::common::{block, load_tile, pid, random_array, store_tile, tolerance_for, zeros_f64};
-use crate::{BoxError, Op, ParamDef, Params, Tolerance};
+use crate::{BoxError, Op, ParamDef, Params, Tolerance, Tunable};
 
 /// Shapes and block sizes of a matmul (block sizes already clamped to the shapes).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -126,6 +126,25 @@ const PARAMS: &[ParamDef] = &[
     },
 ];
 
+/// Block sizes the tuner tries.
+const TUNABLE: &[Tunable] = &[
+    Tunable {
+        name: "bm",
+        values: &[32, 64, 128, 256],
+        tiles: "m",
+    },
+    Tunable {
+        name: "bk",
+        values: &[64, 128, 256, 512],
+        tiles: "k",
+    },
+    Tunable {
+        name: "bn",
+        values: &[64, 128, 256],
+        tiles: "n",
+    },
+];
+
 /// Plain f64 matmul of row-major arrays.
 pub fn reference_matmul(
     a: &[f64],
@@ -151,6 +170,7 @@ impl Op for Matmul {
     const NAME: &'static str = "matmul";
     const SUMMARY: &'static str = "o = x @ y, tiled, f32 accumulation";
     const PARAMS: &'static [ParamDef] = PARAMS;
+    const TUNABLE: &'static [Tunable] = TUNABLE;
 
     fn config(p: &Params) -> Result<MatmulConfig, BoxError> {
         MatmulConfig::from_params(p)

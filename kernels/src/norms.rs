@@ -5,8 +5,8 @@ use kernel_ir::Array;
 use kernel_macros::kernel;
 
 use crate::common::{block, pid, random_array, room_f64, tolerance_for, zero};
-use crate::softmax::ROW_PARAMS;
-use crate::{BoxError, Op, ParamDef, Params, Tolerance};
+use crate::softmax::{ROW_PARAMS, ROW_TUNABLE};
+use crate::{BoxError, Op, ParamDef, Params, Tolerance, Tunable};
 
 /// Shape, blocking and epsilon of a norm.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -145,6 +145,7 @@ impl Op for RmsNorm {
     const NAME: &'static str = "rms_norm";
     const SUMMARY: &'static str = "x / sqrt(mean(x^2) + eps) * w over the last axis";
     const PARAMS: &'static [ParamDef] = NORM_PARAMS;
+    const TUNABLE: &'static [Tunable] = ROW_TUNABLE;
 
     fn config(p: &Params) -> Result<NormConfig, BoxError> {
         NormConfig::from_params(p)
@@ -180,6 +181,7 @@ impl Op for LayerNorm {
     const NAME: &'static str = "layer_norm";
     const SUMMARY: &'static str = "(x - mean) / sqrt(var + eps) * w + b over the last axis";
     const PARAMS: &'static [ParamDef] = NORM_PARAMS;
+    const TUNABLE: &'static [Tunable] = ROW_TUNABLE;
 
     fn config(p: &Params) -> Result<NormConfig, BoxError> {
         NormConfig::from_params(p)

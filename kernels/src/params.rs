@@ -68,6 +68,34 @@ impl Params {
         Params::parse(defs, &overrides)
     }
 
+    /// The value of `name` as text, if it is a parameter.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.values.get(name).map(String::as_str)
+    }
+
+    /// Replaces the value of parameter `name` (which must exist).
+    pub fn set(&mut self, name: &str, value: impl Into<String>) -> Result<(), ParamError> {
+        match self.values.get_mut(name) {
+            Some(v) => {
+                *v = value.into();
+                Ok(())
+            }
+            None => Err(ParamError(format!("unknown parameter `{name}`"))),
+        }
+    }
+
+    /// `name=value,...` without the parameters in `skip`: what a tuned configuration
+    /// is keyed by when `skip` are the tunable ones.
+    pub fn without(&self, skip: &[&str]) -> String {
+        let parts: Vec<String> = self
+            .values
+            .iter()
+            .filter(|(k, _)| !skip.contains(k))
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        parts.join(",")
+    }
+
     fn raw(&self, name: &str) -> Result<&str, ParamError> {
         self.values
             .get(name)

@@ -6,7 +6,7 @@ use kernel_ir::{try_with_capacity, Array};
 use kernel_macros::{kernel, kernel_fn};
 
 use crate::common::{block, pid, random_array, tolerance_for, zero, zeros_f64};
-use crate::{BoxError, Op, ParamDef, Params, Tolerance};
+use crate::{BoxError, Op, ParamDef, Params, Tolerance, Tunable};
 
 /// Shapes of a RoPE call: x is `[batch, heads, seq, head_dim]`, cos/sin `[seq, head_dim]`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -114,6 +114,13 @@ const PARAMS: &[ParamDef] = &[
     },
 ];
 
+/// Position blocks the tuner tries.
+const TUNABLE: &[Tunable] = &[Tunable {
+    name: "block_seq",
+    values: &[16, 32, 64, 128, 256, 512],
+    tiles: "seq",
+}];
+
 /// Rotary embedding of `[batch, heads, seq, head_dim]` activations.
 pub struct Rope;
 
@@ -123,6 +130,7 @@ impl Op for Rope {
     const SUMMARY: &'static str =
         "rotary embedding, Llama rotate-half layout, x: [batch, heads, seq, head_dim]";
     const PARAMS: &'static [ParamDef] = PARAMS;
+    const TUNABLE: &'static [Tunable] = TUNABLE;
 
     fn config(p: &Params) -> Result<RopeConfig, BoxError> {
         RopeConfig::from_params(p)

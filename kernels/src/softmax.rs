@@ -5,7 +5,7 @@ use kernel_ir::Array;
 use kernel_macros::kernel;
 
 use crate::common::{block, pid, random_array, room_f64, tolerance_for, zero};
-use crate::{BoxError, Op, ParamDef, Params, Tolerance};
+use crate::{BoxError, Op, ParamDef, Params, Tolerance, Tunable};
 
 /// Shape and blocking of a row-wise kernel (softmax, norms).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -83,6 +83,13 @@ pub(crate) const ROW_PARAMS: &[ParamDef] = &[
     },
 ];
 
+/// Row blocks the tuner tries (softmax and the norms).
+pub(crate) const ROW_TUNABLE: &[Tunable] = &[Tunable {
+    name: "block_rows",
+    values: &[1, 2, 4, 8, 16, 32, 64],
+    tiles: "rows",
+}];
+
 /// `softmax(x)` along the last axis.
 pub struct Softmax;
 
@@ -91,6 +98,7 @@ impl Op for Softmax {
     const NAME: &'static str = "softmax";
     const SUMMARY: &'static str = "softmax over the last axis of a [rows, cols] array";
     const PARAMS: &'static [ParamDef] = ROW_PARAMS;
+    const TUNABLE: &'static [Tunable] = ROW_TUNABLE;
 
     fn config(p: &Params) -> Result<SoftmaxConfig, BoxError> {
         SoftmaxConfig::from_params(p)

@@ -5,7 +5,7 @@ use kernel_ir::Array;
 use kernel_macros::kernel;
 
 use crate::common::{block, pid, random_array, tolerance_for};
-use crate::{BoxError, Op, ParamDef, Params, Tolerance};
+use crate::{BoxError, Op, ParamDef, Params, Tolerance, Tunable};
 
 /// Shape and tiling of a SwiGLU.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -85,6 +85,20 @@ const PARAMS: &[ParamDef] = &[
     },
 ];
 
+/// Tiles the tuner tries.
+const TUNABLE: &[Tunable] = &[
+    Tunable {
+        name: "block_rows",
+        values: &[4, 8, 16, 32],
+        tiles: "rows",
+    },
+    Tunable {
+        name: "block_cols",
+        values: &[128, 256, 512, 1024, 2048],
+        tiles: "cols",
+    },
+];
+
 /// Fused `silu(a) * b`.
 pub struct Swiglu;
 
@@ -93,6 +107,7 @@ impl Op for Swiglu {
     const NAME: &'static str = "swiglu";
     const SUMMARY: &'static str = "silu(a) * b, element-wise";
     const PARAMS: &'static [ParamDef] = PARAMS;
+    const TUNABLE: &'static [Tunable] = TUNABLE;
 
     fn config(p: &Params) -> Result<SwigluConfig, BoxError> {
         SwigluConfig::from_params(p)

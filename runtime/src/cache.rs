@@ -284,7 +284,7 @@ fn write_delay() -> Option<std::time::Duration> {
 }
 
 /// Writes an entry atomically: a temporary file in the same directory, then a rename.
-fn write_entry(path: &Path, key: &[u8; 32], payload: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_entry(path: &Path, key: &[u8; 32], payload: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().expect("entries live in a directory");
     fs::create_dir_all(dir)?;
     let bytes = encode_entry(key, payload);

@@ -17,6 +17,7 @@ pub mod native;
 pub mod peak;
 #[cfg(tessera_pjrt)]
 pub mod pjrt;
+pub mod tune;
 #[cfg(tessera_pjrt)]
 pub mod xla;
 
@@ -150,7 +151,6 @@ pub fn backend_from_env() -> Result<Option<Backend>, Error> {
 
 /// Prints a line on stderr when `TESSERA_LOG=debug` (how executables were obtained,
 /// which path a call took); `message` is only built then.
-#[cfg(any(feature = "native", tessera_pjrt))]
 pub(crate) fn debug(message: impl FnOnce() -> String) {
     if std::env::var("TESSERA_LOG").is_ok_and(|v| v == "debug") {
         eprintln!("debug: {}", message());

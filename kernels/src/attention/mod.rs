@@ -9,7 +9,7 @@ use kernel_ir::dsl::prelude::*;
 use kernel_ir::{AllocError, Array, DimSemantics};
 
 use crate::common::{block, pid, random_array, tolerance_for, zero, zeros_f64};
-use crate::{BoxError, Exec, Op, ParamDef, Params, Tolerance};
+use crate::{BoxError, Exec, Op, ParamDef, Params, Tolerance, Tunable};
 
 /// Shapes and options of an attention call. q/o are `[batch, heads, q_len, head_dim]`,
 /// k/v `[batch, kv_heads, kv_len, head_dim]`; query head `h` reads kv head
@@ -114,6 +114,20 @@ const PARAMS: &[ParamDef] = &[
         name: "dtype",
         default: "f32",
         help: "f32 or bf16 (f32 accumulation)",
+    },
+];
+
+/// Blocks the tuner tries (forward and backward).
+const TUNABLE: &[Tunable] = &[
+    Tunable {
+        name: "block_q",
+        values: &[32, 64, 128, 256],
+        tiles: "q_len",
+    },
+    Tunable {
+        name: "block_k",
+        values: &[32, 64, 128, 256, 512],
+        tiles: "kv_len",
     },
 ];
 
@@ -443,6 +457,7 @@ impl Op for FlashAttention {
     const SUMMARY: &'static str =
         "softmax(q k^T * scale) v with causal, GQA and ragged lengths; also returns lse";
     const PARAMS: &'static [ParamDef] = PARAMS;
+    const TUNABLE: &'static [Tunable] = TUNABLE;
 
     fn config(p: &Params) -> Result<AttentionConfig, BoxError> {
         AttentionConfig::from_params(p)
@@ -486,6 +501,7 @@ impl Op for FlashAttentionBwd {
     const SUMMARY: &'static str =
         "gradients (dq, dk, dv) of flash_attention for an output gradient do";
     const PARAMS: &'static [ParamDef] = PARAMS;
+    const TUNABLE: &'static [Tunable] = TUNABLE;
 
     fn config(p: &Params) -> Result<AttentionConfig, BoxError> {
         AttentionConfig::from_params(p)

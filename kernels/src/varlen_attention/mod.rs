@@ -26,7 +26,7 @@ use kernel_ir::{try_vec, Array, ArrayData, DimSemantics, MemorySpace};
 use rand::{Rng, SeedableRng};
 
 use crate::common::{block, pid, random_array, tolerance_for, zero, zeros_f64};
-use crate::{BoxError, Exec, Op, ParamDef, Params, Tolerance};
+use crate::{BoxError, Exec, Op, ParamDef, Params, Tolerance, Tunable};
 use kernels::{varlen_bwd_dkdv, varlen_bwd_dq, varlen_fwd};
 pub use plan::{check_cu_seqlens, VarlenPlan};
 
@@ -112,6 +112,20 @@ const PARAMS: &[ParamDef] = &[
         name: "dtype",
         default: "f32",
         help: "f32 or bf16 (f32 accumulation)",
+    },
+];
+
+/// Tiles the tuner tries (forward and backward).
+const TUNABLE: &[Tunable] = &[
+    Tunable {
+        name: "block_q",
+        values: &[32, 64, 128, 256],
+        tiles: "total_q",
+    },
+    Tunable {
+        name: "block_k",
+        values: &[32, 64, 128, 256],
+        tiles: "total_q",
     },
 ];
 
@@ -511,6 +525,7 @@ impl Op for VarlenAttention {
     const SUMMARY: &'static str =
         "attention over packed variable-length sequences (cu_seqlens offsets, causal, GQA); also returns lse";
     const PARAMS: &'static [ParamDef] = PARAMS;
+    const TUNABLE: &'static [Tunable] = TUNABLE;
 
     fn config(p: &Params) -> Result<VarlenConfig, BoxError> {
         VarlenConfig::from_params(p)
@@ -565,6 +580,7 @@ impl Op for VarlenAttentionBwd {
     const SUMMARY: &'static str =
         "gradients (dq, dk, dv) of varlen_attention for an output gradient do";
     const PARAMS: &'static [ParamDef] = PARAMS;
+    const TUNABLE: &'static [Tunable] = TUNABLE;
 
     fn config(p: &Params) -> Result<VarlenConfig, BoxError> {
         VarlenConfig::from_params(p)
