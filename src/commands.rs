@@ -109,10 +109,13 @@ fn tuned_params(
     target: Option<TuneTarget>,
 ) -> Result<Params, Failure> {
     let mut p = params(k, overrides)?;
-    let target = target.or_else(|| {
-        let kernels = k.build(&p).ok()?;
-        let resolution = runtime::resolve(requested, kernels.first()?).ok()?;
-        TuneTarget::of_backend(resolution.backend)
+    let target = target.or_else(|| match requested {
+        Backend::Auto => {
+            let kernels = k.build(&p).ok()?;
+            let resolution = runtime::resolve(requested, kernels.first()?).ok()?;
+            TuneTarget::of_backend(resolution.backend)
+        }
+        concrete => TuneTarget::of_backend(concrete),
     });
     let tuned = target.and_then(|t| runtime::tune::lookup(k.name(), &tuning::problem(k, &p), t));
     if let Some(t) = tuned {

@@ -1,6 +1,5 @@
 //! `tessera tune`: searches a kernel's block sizes for one problem and one target, and
-//! stores the winner where ops, `tessera run/bench/lower` and graph mode find it
-//! ([`runtime::tune`]).
+//! stores the winner where `tessera run/bench/lower` find it ([`runtime::tune`]).
 //!
 //! Candidates come from the kernel's tunable parameters ([`kernels::tuning`]), the
 //! current (default) values first. Each is pruned before it is timed: it must build,
@@ -74,9 +73,7 @@ pub fn tune(name: &str, args: &TuneArgs) -> Result<(), Failure> {
         )));
     }
     build(k, &base)?;
-    let store = Store::default_store().ok_or_else(|| {
-        usage("no cache directory for tuned configurations: set TESSERA_CACHE_DIR (or HOME)")
-    })?;
+    let store = store()?;
     let key = TuneKey {
         kernel: name.to_string(),
         problem: tuning::problem(k, &base),
@@ -118,14 +115,14 @@ pub fn tune(name: &str, args: &TuneArgs) -> Result<(), Failure> {
     }
     bar.finish_and_clear();
     report(k, &base, target, &results);
-    let Some(Outcome::Timed(default_ms)) = results.first().map(|(_, o)| o) else {
-        let why = match results.first().map(|(_, o)| o) {
-            Some(Outcome::Wrong(e)) | Some(Outcome::Pruned(e)) => e.clone(),
-            _ => "not measured".into(),
-        };
-        return Err(runtime_failure(format!(
-            "{name} {base}: the current blocks failed ({why}); nothing stored"
-        )));
+    // The first candidate (the current blocks) is always evaluated.
+    let default_ms = match &results[0].1 {
+        Outcome::Timed(ms) => *ms,
+        Outcome::Wrong(why) | Outcome::Pruned(why) => {
+            return Err(runtime_failure(format!(
+                "{name} {base}: the current blocks failed ({why}); nothing stored"
+            )))
+        }
     };
     let (best, best_ms) = results
         .iter()
@@ -137,14 +134,14 @@ pub fn tune(name: &str, args: &TuneArgs) -> Result<(), Failure> {
         .expect("the defaults were timed");
     let tuned = Tuned {
         key,
-        machine: runtime::tune::machine(target),
+        machine: runtime::tune::machine(target).to_string(),
         version: env!("CARGO_PKG_VERSION").to_string(),
         config: best
             .iter()
             .map(|(n, v)| (n.to_string(), v.to_string()))
             .collect(),
         best_ms,
-        default_ms: *default_ms,
+        default_ms,
         tried: results.len(),
     };
     let path = store.put(&tuned).map_err(|e| {
@@ -223,17 +220,13 @@ fn report(
                 let status = if i == 0 { "best" } else { "ok" };
                 println!("{:<32} {ms:>10.3} {speedup:>8}  {status}{mark}", label(c));
             }
-            Outcome::Pruned(why) => {
+            Outcome::Pruned(why) | Outcome::Wrong(why) => {
+                let status = match o {
+                    Outcome::Wrong(_) => "WRONG",
+                    _ => "pruned",
+                };
                 println!(
-                    "{:<32} {:>10} {:>8}  pruned: {why}{mark}",
-                    label(c),
-                    "-",
-                    "-"
-                )
-            }
-            Outcome::Wrong(why) => {
-                println!(
-                    "{:<32} {:>10} {:>8}  WRONG: {why}{mark}",
+                    "{:<32} {:>10} {:>8}  {status}: {why}{mark}",
                     label(c),
                     "-",
                     "-"
@@ -424,10 +417,16 @@ fn block_copies(grid: &[u64], index: impl Fn(&[u64]) -> Option<Vec<i64>>) -> u64
     copies
 }
 
+/// The default store, or a usage error when there is no cache directory.
+fn store() -> Result<Store, Failure> {
+    Store::default_store().ok_or_else(|| {
+        usage("no cache directory for tuned configurations: set TESSERA_CACHE_DIR (or HOME)")
+    })
+}
+
 /// `tessera tune --list`: every stored configuration.
 pub fn list() -> Result<(), Failure> {
-    let store = Store::default_store()
-        .ok_or_else(|| usage("no cache directory: set TESSERA_CACHE_DIR (or HOME)"))?;
+    let store = store()?;
     let entries = store
         .list()
         .map_err(|e| runtime_failure(format!("{}: {e}", store.dir().display())))?;
@@ -461,8 +460,7 @@ pub fn clear(kernel: Option<&str>) -> Result<(), Failure> {
     if let Some(name) = kernel {
         library_kernel(name)?;
     }
-    let store = Store::default_store()
-        .ok_or_else(|| usage("no cache directory: set TESSERA_CACHE_DIR (or HOME)"))?;
+    let store = store()?;
     let removed = store
         .clear(kernel)
         .map_err(|e| runtime_failure(format!("{}: {e}", store.dir().display())))?;

@@ -86,7 +86,7 @@ pub fn default_dir() -> Option<PathBuf> {
     Some(base.join("tessera"))
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -218,7 +218,7 @@ impl<C: Compiler> Cache<C> {
 }
 
 /// Reads and checks an entry: `Ok(None)` when absent, `Err(reason)` when unusable.
-fn read_entry(path: &Path, key: &[u8; 32]) -> Result<Option<Vec<u8>>, String> {
+pub(crate) fn read_entry(path: &Path, key: &[u8; 32]) -> Result<Option<Vec<u8>>, String> {
     let bytes = match fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -261,6 +261,20 @@ pub fn decode_entry<'b>(bytes: &'b [u8], key: &[u8; 32]) -> Result<&'b [u8], Str
         return Err("checksum mismatch".into());
     }
     Ok(payload)
+}
+
+/// The key an entry's header names (to check an entry whose key is not known, as
+/// listings do); `Err` when the header is truncated.
+pub(crate) fn stored_key(bytes: &[u8]) -> Result<[u8; 32], String> {
+    bytes
+        .get(8..40)
+        .and_then(|k| k.try_into().ok())
+        .ok_or_else(|| {
+            format!(
+                "truncated ({} bytes, the header alone is {HEADER})",
+                bytes.len()
+            )
+        })
 }
 
 /// The bytes of an entry holding `payload` under `key`.

@@ -1,8 +1,8 @@
 //! Tuned configurations on disk: `$TESSERA_CACHE_DIR/tune/`, one entry per kernel,
 //! problem (its non-tunable parameters), target, machine fingerprint and Tessera version.
 //!
-//! `tessera tune` writes entries; ops, `tessera run/bench/lower` and graph mode read them
-//! through [`lookup`]. Entries use the compilation cache's format and rules
+//! `tessera tune` writes entries; `tessera run/bench/lower` read them through
+//! [`lookup`] (torch ops and graph mode do not yet). Entries use the compilation cache's format and rules
 //! ([`crate::cache::encode_entry`]: magic, key, length, SHA-256; written to a temporary
 //! file and renamed): a corrupt, truncated or foreign entry is dropped with a warning,
 //! and the caller falls back to the defaults (or `tessera tune` measures again).
@@ -179,22 +179,28 @@ impl Tuned {
 
 /// This machine as tuning sees it: for CPU targets the CPU model, its logical CPUs and
 /// its L2 size; for Mosaic the cost model's TPU.
-pub fn machine(target: TuneTarget) -> String {
+pub fn machine(target: TuneTarget) -> &'static str {
     match target {
-        TuneTarget::Mosaic => MOSAIC_MODEL.to_string(),
-        TuneTarget::Native | TuneTarget::Xla => {
-            let model = fs::read_to_string("/proc/cpuinfo")
-                .ok()
-                .and_then(|c| {
-                    c.lines()
-                        .find_map(|l| l.strip_prefix("model name"))
-                        .map(|l| l.trim_start_matches([' ', '\t', ':']).trim().to_string())
-                })
-                .unwrap_or_else(|| std::env::consts::ARCH.to_string());
-            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-            format!("{model}; {cpus} cpus; L2 {} KiB", l2_bytes() / 1024)
-        }
+        TuneTarget::Mosaic => MOSAIC_MODEL,
+        TuneTarget::Native | TuneTarget::Xla => cpu(),
     }
+}
+
+/// The CPU part of [`machine`], read once per process.
+fn cpu() -> &'static str {
+    static CPU: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    CPU.get_or_init(|| {
+        let model = fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|c| {
+                c.lines()
+                    .find_map(|l| l.strip_prefix("model name"))
+                    .map(|l| l.trim_start_matches([' ', '\t', ':']).trim().to_string())
+            })
+            .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        format!("{model}; {cpus} cpus; L2 {} KiB", l2_bytes() / 1024)
+    })
 }
 
 /// The TPU the Mosaic cost model describes (part of Mosaic entries' fingerprint).
@@ -224,7 +230,7 @@ fn digest(key: &TuneKey) -> [u8; 32] {
         key.kernel.as_str(),
         key.problem.as_str(),
         key.target.name(),
-        &machine(key.target),
+        machine(key.target),
         env!("CARGO_PKG_VERSION"),
     ] {
         h.update(part.as_bytes());
@@ -257,26 +263,27 @@ impl Store {
 
     /// The file of a key.
     pub fn entry_path(&self, key: &TuneKey) -> PathBuf {
-        let d = digest(key);
-        let hex: String = d[..8].iter().map(|b| format!("{b:02x}")).collect();
+        self.path_of(key, &digest(key))
+    }
+
+    fn path_of(&self, key: &TuneKey, digest: &[u8; 32]) -> PathBuf {
+        let hex = cache::hex(&digest[..8]);
         self.dir.join(format!("{}-{hex}.bin", key.kernel))
     }
 
     /// The configuration tuned for `key` on this machine, if any. A corrupt entry is
     /// removed and reported as `Err(reason)`.
     pub fn get(&self, key: &TuneKey) -> Result<Option<Tuned>, String> {
-        let path = self.entry_path(key);
-        let bytes = match fs::read(&path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(format!("{}: unreadable ({e})", path.display())),
-        };
-        let checked = cache::decode_entry(&bytes, &digest(key))
-            .and_then(Tuned::parse)
-            .and_then(|t| match t.key == *key {
+        let digest = digest(key);
+        let path = self.path_of(key, &digest);
+        let checked = match cache::read_entry(&path, &digest) {
+            Ok(None) => return Ok(None),
+            Ok(Some(payload)) => Tuned::parse(&payload).and_then(|t| match t.key == *key {
                 true => Ok(t),
                 false => Err("foreign entry (it is for another kernel or problem)".into()),
-            });
+            }),
+            Err(reason) => Err(reason),
+        };
         match checked {
             Ok(t) => Ok(Some(t)),
             Err(reason) => {
@@ -302,10 +309,7 @@ impl Store {
                 .map_err(|e| format!("unreadable ({e})"))
                 .and_then(|bytes| {
                     // The key is not known before parsing: check the header's own key.
-                    let key: [u8; 32] = bytes
-                        .get(8..40)
-                        .and_then(|k| k.try_into().ok())
-                        .ok_or("truncated")?;
+                    let key = cache::stored_key(&bytes)?;
                     cache::decode_entry(&bytes, &key).and_then(Tuned::parse)
                 });
             out.push((path, parsed));
@@ -403,7 +407,7 @@ mod tests {
                 problem: "dtype=f32,rows=64".into(),
                 target: TuneTarget::Native,
             },
-            machine: machine(TuneTarget::Native),
+            machine: machine(TuneTarget::Native).into(),
             version: env!("CARGO_PKG_VERSION").into(),
             config: vec![("block_rows".into(), "16".into())],
             best_ms: 0.25,
