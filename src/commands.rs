@@ -109,18 +109,11 @@ fn tuned_params(
     target: Option<TuneTarget>,
 ) -> Result<Params, Failure> {
     let mut p = params(k, overrides)?;
-    let target = target.or_else(|| match requested {
-        Backend::Auto => {
-            let kernels = k.build(&p).ok()?;
-            let resolution = runtime::resolve(requested, kernels.first()?).ok()?;
-            TuneTarget::of_backend(resolution.backend)
-        }
-        concrete => TuneTarget::of_backend(concrete),
+    tuning::apply_stored(k, &mut p, &tuning::named_in(overrides), |p, problem| {
+        let first_kernel = || k.build(p).ok()?.into_iter().next();
+        let target = target.or_else(|| runtime::tune::target_for(requested, first_kernel))?;
+        Some(runtime::tune::lookup(k.name(), problem, target)?.config)
     });
-    let tuned = target.and_then(|t| runtime::tune::lookup(k.name(), &tuning::problem(k, &p), t));
-    if let Some(t) = tuned {
-        tuning::apply(k, &mut p, &t.config, &tuning::named_in(overrides));
-    }
     Ok(p)
 }
 

@@ -122,7 +122,7 @@ enum Command {
         plot: Option<PathBuf>,
     },
     /// Search a kernel's block sizes for one problem and store the fastest correct ones,
-    /// which `run`, `bench` and `lower` then use.
+    /// which `run`, `bench`, `lower`, the torch ops and graph mode then use.
     Tune {
         /// Library kernel name (optional with --list and --clear).
         #[arg(required_unless_present_any = ["list", "clear"])]

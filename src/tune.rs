@@ -1,5 +1,6 @@
 //! `tessera tune`: searches a kernel's block sizes for one problem and one target, and
-//! stores the winner where `tessera run/bench/lower` find it ([`runtime::tune`]).
+//! stores the winner where `tessera run/bench/lower`, the torch ops and graph mode find
+//! it ([`runtime::tune`]).
 //!
 //! Candidates come from the kernel's tunable parameters ([`kernels::tuning`]), the
 //! current (default) values first. Each is pruned before it is timed: it must build,

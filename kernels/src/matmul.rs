@@ -131,17 +131,17 @@ const TUNABLE: &[Tunable] = &[
     Tunable {
         name: "bm",
         values: &[32, 64, 128, 256],
-        tiles: "m",
+        tiles: &["m"],
     },
     Tunable {
         name: "bk",
         values: &[64, 128, 256, 512],
-        tiles: "k",
+        tiles: &["k"],
     },
     Tunable {
         name: "bn",
         values: &[64, 128, 256],
-        tiles: "n",
+        tiles: &["n"],
     },
 ];
 

@@ -118,7 +118,7 @@ const PARAMS: &[ParamDef] = &[
 const TUNABLE: &[Tunable] = &[Tunable {
     name: "block_seq",
     values: &[16, 32, 64, 128, 256, 512],
-    tiles: "seq",
+    tiles: &["seq"],
 }];
 
 /// Rotary embedding of `[batch, heads, seq, head_dim]` activations.

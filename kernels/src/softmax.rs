@@ -87,7 +87,7 @@ pub(crate) const ROW_PARAMS: &[ParamDef] = &[
 pub(crate) const ROW_TUNABLE: &[Tunable] = &[Tunable {
     name: "block_rows",
     values: &[1, 2, 4, 8, 16, 32, 64],
-    tiles: "rows",
+    tiles: &["rows"],
 }];
 
 /// `softmax(x)` along the last axis.

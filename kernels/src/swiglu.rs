@@ -90,12 +90,12 @@ const TUNABLE: &[Tunable] = &[
     Tunable {
         name: "block_rows",
         values: &[4, 8, 16, 32],
-        tiles: "rows",
+        tiles: &["rows"],
     },
     Tunable {
         name: "block_cols",
         values: &[128, 256, 512, 1024, 2048],
-        tiles: "cols",
+        tiles: &["cols"],
     },
 ];
 

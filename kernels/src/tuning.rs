@@ -11,15 +11,19 @@ pub struct Tunable {
     pub name: &'static str,
     /// Values to try, ascending.
     pub values: &'static [u64],
-    /// The size parameter this block tiles: values past the first one that covers the
-    /// whole size are skipped (they only add padding).
-    pub tiles: &'static str,
+    /// The size parameter this block tiles, or several: the first set to a number is
+    /// used (varlen's `total_k` defaults to `total_q`). Values past the first one that
+    /// covers the whole size are skipped (they only add padding).
+    pub tiles: &'static [&'static str],
 }
 
 impl Tunable {
     /// The values worth trying for `p`, ascending, always including `p`'s own value.
     pub fn candidates(&self, p: &Params) -> Vec<u64> {
-        let size = p.get(self.tiles).and_then(|v| v.parse::<u64>().ok());
+        let size = self
+            .tiles
+            .iter()
+            .find_map(|t| p.get(t).and_then(|v| v.parse::<u64>().ok()));
         let mut out = Vec::new();
         for &v in self.values {
             out.push(v);
@@ -101,6 +105,26 @@ pub fn apply(
     applied
 }
 
+/// Applies the tuned configuration that `stored` finds for `k`'s problem, except the
+/// parameters named in `explicit`. `stored` gets the parameters before tuning and the
+/// [`problem`]; it is not called for a kernel with nothing to tune. Returns the pairs
+/// applied. The store itself lives in the runtime (`runtime::tune::lookup`); the CLI,
+/// the torch ops and graph mode all apply it through here.
+pub fn apply_stored(
+    k: &dyn LibraryKernel,
+    p: &mut Params,
+    explicit: &[&str],
+    stored: impl FnOnce(&Params, &str) -> Option<Vec<(String, String)>>,
+) -> Vec<(String, String)> {
+    if k.tunables().is_empty() {
+        return Vec::new();
+    }
+    match stored(p, &problem(k, p)) {
+        Some(config) => apply(k, p, &config, explicit),
+        None => Vec::new(),
+    }
+}
+
 /// Names set by `name=value` overrides (comma-separated lists accepted).
 pub fn named_in(overrides: &[String]) -> Vec<&str> {
     overrides
@@ -125,6 +149,24 @@ mod tests {
         let t = FlashAttention::TUNABLE;
         assert_eq!(t[0].candidates(&p), vec![32, 64, 128]);
         assert_eq!(t[1].candidates(&p), vec![32, 64, 128, 256, 512]);
+    }
+
+    #[test]
+    fn a_block_tiles_the_first_size_that_is_set() {
+        let k = find("varlen_attention").unwrap();
+        let block_k = &k.tunables()[1];
+        let same = Params::with(k.params(), &[("total_q", "40"), ("block_k", "32")]).unwrap();
+        assert_eq!(
+            block_k.candidates(&same),
+            vec![32, 64],
+            "total_k defaults to total_q"
+        );
+        let longer = Params::with(
+            k.params(),
+            &[("total_q", "40"), ("total_k", "200"), ("block_k", "32")],
+        )
+        .unwrap();
+        assert_eq!(block_k.candidates(&longer), vec![32, 64, 128, 256]);
     }
 
     #[test]

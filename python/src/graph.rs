@@ -10,10 +10,11 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use runtime::cache::Source;
 use runtime::pjrt::{Element, Executable, HostBuffer};
+use runtime::tune::TuneTarget;
 use runtime::Backend;
 
 use crate::library::UserCall;
-use crate::{library_op, run_op, Buffer};
+use crate::{run_op, tuned_op, Buffer};
 
 /// The XLA backend, or why it cannot be used.
 fn xla() -> PyResult<&'static runtime::xla::Xla> {
@@ -122,7 +123,7 @@ fn tpu_custom_call_config(
             .map_err(|e| PyValueError::new_err(format!("{}: {e}", kernel.name)))?;
         return Ok((config, kernel.name.clone()));
     }
-    let (k, p) = library_op(op, &params).map_err(PyValueError::new_err)?;
+    let (k, p) = tuned_op(op, &params, Backend::Auto, Some(TuneTarget::Mosaic))?;
     let kernels = k
         .build(&p)
         .map_err(|e| PyValueError::new_err(format!("{op} {p}: {e}")))?;

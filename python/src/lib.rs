@@ -8,9 +8,10 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use kernel_ir::{try_with_capacity, AllocError, Array, ArrayData, DType, TensorType};
-use kernels::{find, BoxError, Params};
+use kernels::{find, tuning, BoxError, Params};
 use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
+use runtime::tune::TuneTarget;
 use runtime::Backend;
 
 mod graph;
@@ -143,7 +144,7 @@ fn prepared(
     if let Some(hit) = memo.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         return Ok(hit.clone());
     }
-    let (op, params) = library_op(kernel, params).map_err(OpError::Bad)?;
+    let (op, params) = tuned_op(kernel, params, requested, None)?;
     let built = op.build(&params).ok();
     let native = match built.as_deref() {
         Some([single])
@@ -168,6 +169,24 @@ fn prepared(
     }
     memo.insert(key, prepared.clone());
     Ok(prepared)
+}
+
+/// The library op `kernel` and its parameters: `params` (`name=value` items), with the
+/// blocks `tessera tune` stored for `target` (for `None`, the backend `requested`
+/// resolves to) filling the tunable parameters `params` leaves out.
+fn tuned_op(
+    kernel: &str,
+    params: &[String],
+    requested: Backend,
+    target: Option<TuneTarget>,
+) -> Result<(&'static dyn kernels::LibraryKernel, Params), OpError> {
+    let (op, mut p) = library_op(kernel, params).map_err(OpError::Bad)?;
+    tuning::apply_stored(op, &mut p, &tuning::named_in(params), |p, problem| {
+        let first_kernel = || op.build(p).ok()?.into_iter().next();
+        let target = target.or_else(|| runtime::tune::target_for(requested, first_kernel))?;
+        Some(runtime::tune::lookup(op.name(), problem, target)?.config)
+    });
+    Ok((op, p))
 }
 
 /// Whether a kernel's inputs and outputs can be the callers' storage on the native

@@ -3,6 +3,8 @@
 import math
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -348,6 +350,35 @@ def test_native_f32_ops_use_the_tensors_storage_in_place(capfd, monkeypatch):
     assert "native @flash_attention_fwd: running in place" in err, err
     ops.softmax(x.to(torch.bfloat16))  # bf16 storage is not f32: copied, not in place
     assert "running in place" not in capfd.readouterr().err
+
+
+TESSERA_CLI = os.path.join(os.path.dirname(__file__), "..", "..", "target", "release", "tessera")
+
+
+@pytest.mark.skipif(not os.path.exists(TESSERA_CLI), reason="the tessera CLI is built by `make test`")
+def test_torch_ops_run_with_the_blocks_tessera_tune_stored(tmp_path):
+    # A fresh process per step: ops read the store once per op shape (then memoized).
+    env = {**os.environ, "TESSERA_CACHE_DIR": str(tmp_path), "TESSERA_LOG": "debug"}
+    env.pop("TESSERA_BACKEND", None)
+    tune = subprocess.run([TESSERA_CLI, "tune", "softmax", "--shape", "rows=16,cols=64", "--runs", "2"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert tune.returncode == 0, tune.stderr
+    script = ("import torch, tessera\n"
+              "x = torch.randn(16, 64)\n"
+              "torch.testing.assert_close(torch.ops.tessera.softmax(x), torch.softmax(x, -1))\n")
+    run = lambda **extra: subprocess.run([sys.executable, "-c", script], env={**env, **extra},
+                                         capture_output=True, text=True, timeout=300)
+    tuned = run()
+    assert tuned.returncode == 0, tuned.stderr
+    assert re.search(r"tuned config block_rows=\d+ for softmax .* on native", tuned.stderr), tuned.stderr
+    off = run(TESSERA_TUNE="off")
+    assert off.returncode == 0, off.stderr
+    assert "TESSERA_TUNE=off: default blocks for softmax" in off.stderr, off.stderr
+    for entry in (tmp_path / "tune").iterdir():
+        entry.write_bytes(b"garbage")
+    corrupt = run()
+    assert corrupt.returncode == 0, "a corrupt entry must not fail an op"
+    assert "warning: tessera tune:" in corrupt.stderr, corrupt.stderr
 
 
 def test_small_kernels_run_on_the_calling_thread(capfd, monkeypatch):

@@ -326,21 +326,48 @@ pub struct DiskUsage {
     pub leftovers: usize,
 }
 
+/// A file a cache directory holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CacheFile {
+    /// A complete entry (`.bin`).
+    Entry,
+    /// A temporary file an interrupted writer left (`.tmp`).
+    Leftover,
+}
+
+/// The entries and leftovers directly under `dir` (none when it does not exist).
+pub(crate) fn cache_files(dir: &Path) -> std::io::Result<Vec<(PathBuf, CacheFile)>> {
+    let listing = match fs::read_dir(dir) {
+        Ok(l) => l,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut files = Vec::new();
+    for entry in listing.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let kind = if name.ends_with(".bin") {
+            CacheFile::Entry
+        } else if name.ends_with(".tmp") {
+            CacheFile::Leftover
+        } else {
+            continue;
+        };
+        files.push((entry.path(), kind));
+    }
+    Ok(files)
+}
+
 /// Counts the entries under `dir`.
 pub fn disk_usage(dir: &Path) -> std::io::Result<DiskUsage> {
     let mut u = DiskUsage::default();
-    let entries = match fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(u),
-        Err(e) => return Err(e),
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.ends_with(".bin") {
-            u.entries += 1;
-            u.bytes += entry.metadata().map_or(0, |m| m.len());
-        } else if name.ends_with(".tmp") {
-            u.leftovers += 1;
+    for (path, kind) in cache_files(dir)? {
+        match kind {
+            CacheFile::Entry => {
+                u.entries += 1;
+                u.bytes += fs::metadata(&path).map_or(0, |m| m.len());
+            }
+            CacheFile::Leftover => u.leftovers += 1,
         }
     }
     Ok(u)
@@ -348,16 +375,17 @@ pub fn disk_usage(dir: &Path) -> std::io::Result<DiskUsage> {
 
 /// Removes every entry and leftover under `dir`; returns how many files went.
 pub fn clear(dir: &Path) -> std::io::Result<usize> {
+    remove_files(dir, |_| true)
+}
+
+/// Removes the entries and leftovers under `dir` whose file name `chosen` accepts;
+/// returns how many files went.
+pub(crate) fn remove_files(dir: &Path, chosen: impl Fn(&str) -> bool) -> std::io::Result<usize> {
     let mut removed = 0;
-    let entries = match fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
-        Err(e) => return Err(e),
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.ends_with(".bin") || name.ends_with(".tmp") {
-            fs::remove_file(entry.path())?;
+    for (path, _) in cache_files(dir)? {
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+        if name.as_deref().is_some_and(&chosen) {
+            fs::remove_file(&path)?;
             removed += 1;
         }
     }

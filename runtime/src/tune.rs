@@ -1,8 +1,9 @@
 //! Tuned configurations on disk: `$TESSERA_CACHE_DIR/tune/`, one entry per kernel,
 //! problem (its non-tunable parameters), target, machine fingerprint and Tessera version.
 //!
-//! `tessera tune` writes entries; `tessera run/bench/lower` read them through
-//! [`lookup`] (torch ops and graph mode do not yet). Entries use the compilation cache's format and rules
+//! `tessera tune` writes entries; `tessera run/bench/lower`, the torch ops and graph
+//! mode's custom calls read them through [`lookup`] (the parameters a caller sets
+//! itself are never replaced). Entries use the compilation cache's format and rules
 //! ([`crate::cache::encode_entry`]: magic, key, length, SHA-256; written to a temporary
 //! file and renamed): a corrupt, truncated or foreign entry is dropped with a warning,
 //! and the caller falls back to the defaults (or `tessera tune` measures again).
@@ -48,6 +49,21 @@ impl TuneTarget {
             Backend::Xla => Some(TuneTarget::Xla),
             Backend::Interp | Backend::Auto => None,
         }
+    }
+}
+
+/// The target whose tuned configurations apply to a run on `requested`: `auto` is the
+/// backend that would run the op's first kernel (`first_kernel`, built only then).
+pub fn target_for(
+    requested: Backend,
+    first_kernel: impl FnOnce() -> Option<kernel_ir::Kernel>,
+) -> Option<TuneTarget> {
+    match requested {
+        Backend::Auto => {
+            let resolution = crate::resolve(requested, &first_kernel()?).ok()?;
+            TuneTarget::of_backend(resolution.backend)
+        }
+        concrete => TuneTarget::of_backend(concrete),
     }
 }
 
@@ -318,43 +334,21 @@ impl Store {
         Ok(out)
     }
 
-    /// Removes the entries of `kernel` (all entries when `None`) and leftover temporary
-    /// files; returns how many files went.
+    /// Removes the entries of `kernel`, or every entry and leftover temporary file when
+    /// `None`; returns how many files went.
     pub fn clear(&self, kernel: Option<&str>) -> std::io::Result<usize> {
-        let mut removed = 0;
-        for path in self.entries()?.into_iter().chain(self.leftovers()?) {
-            let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
-            let of_kernel = |k: &str| {
-                name.as_deref()
-                    .and_then(|n| n.rsplit_once('-'))
-                    .is_some_and(|(stem, _)| stem == k)
-            };
-            if kernel.is_none_or(of_kernel) {
-                fs::remove_file(&path)?;
-                removed += 1;
-            }
-        }
-        Ok(removed)
-    }
-
-    fn files_ending(&self, suffix: &str) -> std::io::Result<Vec<PathBuf>> {
-        match fs::read_dir(&self.dir) {
-            Ok(entries) => Ok(entries
-                .flatten()
-                .map(|e| e.path())
-                .filter(|p| p.to_string_lossy().ends_with(suffix))
-                .collect()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
-            Err(e) => Err(e),
-        }
+        cache::remove_files(&self.dir, |name| {
+            kernel.is_none_or(|k| name.rsplit_once('-').is_some_and(|(stem, _)| stem == k))
+        })
     }
 
     fn entries(&self) -> std::io::Result<Vec<PathBuf>> {
-        self.files_ending(".bin")
-    }
-
-    fn leftovers(&self) -> std::io::Result<Vec<PathBuf>> {
-        self.files_ending(".tmp")
+        let files = cache::cache_files(&self.dir)?;
+        Ok(files
+            .into_iter()
+            .filter(|(_, kind)| *kind == cache::CacheFile::Entry)
+            .map(|(path, _)| path)
+            .collect())
     }
 }
 

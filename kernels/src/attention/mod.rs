@@ -122,12 +122,12 @@ const TUNABLE: &[Tunable] = &[
     Tunable {
         name: "block_q",
         values: &[32, 64, 128, 256],
-        tiles: "q_len",
+        tiles: &["q_len"],
     },
     Tunable {
         name: "block_k",
         values: &[32, 64, 128, 256, 512],
-        tiles: "kv_len",
+        tiles: &["kv_len"],
     },
 ];
 

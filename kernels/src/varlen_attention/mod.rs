@@ -120,12 +120,12 @@ const TUNABLE: &[Tunable] = &[
     Tunable {
         name: "block_q",
         values: &[32, 64, 128, 256],
-        tiles: "total_q",
+        tiles: &["total_q"],
     },
     Tunable {
         name: "block_k",
         values: &[32, 64, 128, 256],
-        tiles: "total_q",
+        tiles: &["total_k", "total_q"],
     },
 ];
 
