@@ -590,12 +590,16 @@ pub fn lower(
     if let Some(bytes) = vmem_limit {
         limits.vmem_bytes = bytes;
     }
-    let lowering = lowering::Target::named(target, limits).ok_or_else(|| {
+    let mut lowering = lowering::Target::named(target, limits).ok_or_else(|| {
         usage(format!(
             "unknown target `{target}`: expected one of {}",
             lowering::Target::NAMES.join(", ")
         ))
     })?;
+    if let lowering::Target::Cpu(cpu) = &mut lowering {
+        // What the native backend would compile.
+        cpu.registers = runtime::native_registers().map_err(usage)?;
+    }
     let modules = build(k, &p)?
         .iter()
         .map(|kernel| lowering.lower_text(kernel))

@@ -119,8 +119,12 @@ impl Lowering for Mosaic {
     }
 }
 
-/// Upstream MLIR for the native CPU backend.
-pub struct Cpu;
+/// Upstream MLIR for the native CPU backend, for hosts with `registers`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cpu {
+    /// The vector registers the code is for.
+    pub registers: crate::cpu::Registers,
+}
 
 impl Lowering for Cpu {
     type Output = CpuModule;
@@ -135,7 +139,7 @@ impl Lowering for Cpu {
     }
     fn lower(&self, kernel: &Kernel) -> Result<CpuModule, LowerError> {
         self.check(kernel)?;
-        Ok(crate::cpu::lower(kernel))
+        Ok(crate::cpu::lower(kernel, self.registers))
     }
 }
 
@@ -145,8 +149,8 @@ pub enum Target {
     StableHlo,
     /// `mosaic` / `mosaic-body`
     Mosaic(Mosaic),
-    /// `cpu-mlir`
-    Cpu,
+    /// `cpu-mlir` (for this host's registers; set `registers` to choose)
+    Cpu(Cpu),
 }
 
 impl Target {
@@ -161,7 +165,9 @@ impl Target {
                 limits,
                 body_only: name == "mosaic-body",
             }),
-            "cpu-mlir" => Target::Cpu,
+            "cpu-mlir" => Target::Cpu(Cpu {
+                registers: crate::cpu::Registers::host(),
+            }),
             _ => return None,
         })
     }
@@ -171,7 +177,7 @@ impl Target {
         match self {
             Target::StableHlo => StableHlo.lower(kernel),
             Target::Mosaic(m) => m.lower(kernel),
-            Target::Cpu => Cpu.lower(kernel).map(|m| m.text),
+            Target::Cpu(c) => c.lower(kernel).map(|m| m.text),
         }
     }
 }

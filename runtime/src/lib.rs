@@ -82,7 +82,22 @@ impl FromStr for Backend {
 #[cfg(feature = "native")]
 fn native_unavailable(kernel: &Kernel) -> Option<String> {
     use lowering::Lowering;
-    lowering::Cpu.check(kernel).err().map(|e| e.reason())
+    lowering::Cpu::default()
+        .check(kernel)
+        .err()
+        .map(|e| e.reason())
+}
+
+/// The vector registers the native backend compiles for: `$TESSERA_NATIVE_REGISTERS`
+/// (`avx2` or `avx512`) when set, else this CPU's own. Either runs on any x86-64 host
+/// (wider vectors are split); the host's own is fastest.
+pub fn native_registers() -> Result<lowering::cpu::Registers, String> {
+    use lowering::cpu::Registers;
+    match std::env::var("TESSERA_NATIVE_REGISTERS") {
+        Ok(name) => Registers::named(&name)
+            .ok_or_else(|| format!("TESSERA_NATIVE_REGISTERS={name}: expected avx2 or avx512")),
+        Err(_) => Ok(Registers::host()),
+    }
 }
 
 #[cfg(not(feature = "native"))]

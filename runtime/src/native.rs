@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use kernel_ir::ops::format_debug_print;
 use kernel_ir::{try_vec, Array, ArrayData, DType, Kernel, RefKind, RunError};
-use lowering::cpu::{CpuModule, DebugPrintSite};
+use lowering::cpu::{CpuModule, DebugPrintSite, Registers};
 use lowering::Lowering;
 use melior::dialect::DialectRegistry;
 use melior::ir::Module;
@@ -226,6 +226,8 @@ extern "C" fn debug_print(context: u64, site: u64, slots: *const u64) {
 
 /// The process-wide native backend.
 pub struct Native {
+    /// The registers kernels are compiled for, or why none can be.
+    registers: Result<Registers, String>,
     cache: Cache<JitCompiler>,
     /// Lowered and compiled kernels by structure, so a repeated call skips lowering
     /// and hashing the module text (bounded: cleared when it reaches [`MEMO_LIMIT`]).
@@ -238,13 +240,26 @@ type Compiled = Arc<(CpuModule, Arc<Jitted>)>;
 /// Kernels remembered by [`Native`] before it starts afresh.
 const MEMO_LIMIT: usize = 1024;
 
-/// The backend.
+/// The backend, compiling for [`crate::native_registers`].
 pub fn backend() -> &'static Native {
     static NATIVE: OnceLock<Native> = OnceLock::new();
-    NATIVE.get_or_init(|| Native {
-        cache: Cache::new(JitCompiler, None),
-        compiled: Mutex::new(HashMap::new()),
-    })
+    NATIVE.get_or_init(|| Native::with(crate::native_registers()))
+}
+
+impl Native {
+    /// A backend of its own that compiles for `registers` (tests compare the two widths
+    /// on one host; [`backend`] is the one to use).
+    pub fn for_registers(registers: Registers) -> Native {
+        Native::with(Ok(registers))
+    }
+
+    fn with(registers: Result<Registers, String>) -> Native {
+        Native {
+            registers,
+            cache: Cache::new(JitCompiler, None),
+            compiled: Mutex::new(HashMap::new()),
+        }
+    }
 }
 
 /// Bytes per element of a dtype's host storage (floats are f32, bools one byte).
@@ -411,12 +426,20 @@ impl Native {
         if let Some(hit) = memo().get(kernel) {
             return Ok(hit.clone());
         }
-        let module = lowering::Cpu
-            .lower(kernel)
-            .map_err(|e| crate::Error::Unavailable {
+        let registers = self
+            .registers
+            .clone()
+            .map_err(|reason| crate::Error::Unavailable {
                 backend: crate::Backend::Native,
-                reason: e.reason(),
+                reason,
             })?;
+        let module =
+            lowering::Cpu { registers }
+                .lower(kernel)
+                .map_err(|e| crate::Error::Unavailable {
+                    backend: crate::Backend::Native,
+                    reason: e.reason(),
+                })?;
         let t = Instant::now();
         let (exe, source) = self
             .cache
@@ -497,6 +520,14 @@ fn workers(module: &CpuModule) -> usize {
         return 1;
     }
     rayon::current_num_threads().min(module.parallel_programs.max(1) as usize)
+}
+
+/// The programs worker `w` of `workers` runs, as two `(first, step)` strides: programs are
+/// dealt out in a zigzag (`0 1 1 0 0 1 1 0 ...` for two workers), so a grid whose work
+/// grows with the program index (causal attention's query blocks) splits as evenly as a
+/// uniform one.
+fn zigzag(w: u64, workers: u64) -> [(u64, u64); 2] {
+    [(w, 2 * workers), (2 * workers - 1 - w, 2 * workers)]
 }
 
 /// Runs the programs on all cores on caller storage (row-major, f32/i32/byte elements of
@@ -584,8 +615,8 @@ unsafe fn execute_raw(
         .collect();
     descriptors.push(descriptor(fault.as_mut_ptr() as *mut c_void, &[1]));
     let args = Args(descriptors);
-    let run = |worker: usize| {
-        let mut words = [worker as u64, module.parallel_programs, workers as u64];
+    let run_strided = |first: u64, step: u64| {
+        let mut words = [first, module.parallel_programs, step];
         let mut ptrs: Vec<*mut c_void> = words
             .iter_mut()
             .map(|w| w as *mut u64 as *mut c_void)
@@ -603,8 +634,13 @@ unsafe fn execute_raw(
         // address when it prints), and the buffers are that large.
         unsafe { (exe.entry)(ptrs.as_mut_ptr()) };
     };
+    let run = |worker: usize| {
+        for (first, step) in zigzag(worker as u64, workers as u64) {
+            run_strided(first, step);
+        }
+    };
     if workers == 1 {
-        run(0);
+        run_strided(0, 1);
     } else {
         // The calling thread takes worker 0's share (a plain `scope` would hand all of it
         // to the pool and sleep until the pool is done).
@@ -631,5 +667,35 @@ unsafe fn execute_raw(
                 .get(site - 1)
                 .map_or("kernel", String::as_str)
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::zigzag;
+
+    #[test]
+    fn zigzag_deals_every_program_once_and_evens_out_a_ramp() {
+        for workers in 1..=4u64 {
+            for programs in [1u64, 2, 7, 8, 33] {
+                let mut seen = vec![0; programs as usize];
+                let mut work = vec![0u64; workers as usize];
+                for w in 0..workers {
+                    for (first, step) in zigzag(w, workers) {
+                        for p in (first..programs).step_by(step as usize) {
+                            seen[p as usize] += 1;
+                            work[w as usize] += p + 1; // causal: program p sees p + 1 blocks
+                        }
+                    }
+                }
+                assert!(
+                    seen.iter().all(|&n| n == 1),
+                    "{workers} workers, {programs}"
+                );
+                if programs % (2 * workers) == 0 {
+                    assert!(work.iter().all(|&x| x == work[0]), "{work:?}");
+                }
+            }
+        }
     }
 }

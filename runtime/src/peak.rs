@@ -6,10 +6,19 @@ use std::time::{Duration, Instant};
 /// Independent FMA chains per core: enough to cover FMA latency on two ports.
 const CHAINS: usize = 12;
 
-/// FP32 GFLOP/s of one core running `iters` rounds of `CHAINS` independent 8-wide FMAs.
+/// FP32 GFLOP/s of one core running `iters` rounds of `CHAINS` independent FMAs of the
+/// widest registers it has (16 lanes with AVX-512, else 8).
 fn fma_core_gflops(iters: u64) -> f64 {
     #[cfg(target_arch = "x86_64")]
     {
+        if is_x86_feature_detected!("avx512f") {
+            let t = Instant::now();
+            // SAFETY: the CPU supports AVX-512F (checked just above).
+            let sink = unsafe { fma_avx512(iters) };
+            let secs = t.elapsed().as_secs_f64();
+            std::hint::black_box(sink);
+            return (iters * CHAINS as u64 * 16 * 2) as f64 / secs / 1e9;
+        }
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
             let t = Instant::now();
             // SAFETY: the CPU supports AVX2 and FMA (checked just above).
@@ -49,6 +58,25 @@ unsafe fn fma_avx2(iters: u64) -> f32 {
     let mut out = [0.0f32; 8];
     _mm256_storeu_ps(out.as_mut_ptr(), total);
     out.iter().sum()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn fma_avx512(iters: u64) -> f32 {
+    use std::arch::x86_64::*;
+    let a = _mm512_set1_ps(0.999_999);
+    let b = _mm512_set1_ps(1e-7);
+    let mut acc = [_mm512_set1_ps(1.0); CHAINS];
+    for _ in 0..iters {
+        for v in acc.iter_mut() {
+            *v = _mm512_fmadd_ps(*v, a, b);
+        }
+    }
+    let mut total = _mm512_setzero_ps();
+    for v in acc {
+        total = _mm512_add_ps(total, v);
+    }
+    _mm512_reduce_add_ps(total)
 }
 
 /// Peak FP32 FMA GFLOP/s of the machine: the best of three rounds, every core busy.

@@ -4,6 +4,8 @@
 use kernel_ir::dsl::for_range;
 use kernel_ir::dsl::prelude::*;
 use kernel_ir::{interpret, Array, InterpretOptions};
+use lowering::cpu::Registers;
+use runtime::native::Native;
 use runtime::{Backend, Error};
 
 fn whole(shape: [u64; 2]) -> BlockSpecFn {
@@ -356,10 +358,13 @@ fn dynamic_indices_outside_the_block_are_errors_not_wild_accesses() {
 
 #[test]
 fn dots_of_every_layout_and_integer_dots_match_the_interpreter() {
-    // 13 x 11 x 19: every micro-kernel edge (rows % 6, cols % 16, cols % 8);
+    // 13 x 11 x 19 and x 57: every micro-kernel edge for both register widths (rows % 6
+    // or 8; columns past the 16- or 32-wide tiles in strips of 16, 8 and 1);
     // 16 x 24 x 32: transposed operands go through 8x8 register transposes.
+    let widths = Registers::ALL.map(Native::for_registers);
     for (dtype, (m, kk, n)) in [
         (DType::F32, (13, 11, 19)),
+        (DType::F32, (13, 11, 57)),
         (DType::I32, (13, 11, 19)),
         (DType::F32, (16, 24, 32)),
     ] {
@@ -396,6 +401,13 @@ fn dots_of_every_layout_and_integer_dots_match_the_interpreter() {
             let want = interpret(&k, &inputs, &InterpretOptions::default()).unwrap();
             let (got, _) = runtime::run(&k, &inputs, Backend::Native).unwrap();
             assert_eq!(got, want, "{dtype} transpose_lhs={tl} transpose_rhs={tr}");
+            for (native, registers) in widths.iter().zip(Registers::ALL) {
+                let got = native.run(&k, &inputs).unwrap();
+                assert_eq!(
+                    got, want,
+                    "{dtype} {m}x{kk}x{n} transpose_lhs={tl} transpose_rhs={tr} for {registers:?}"
+                );
+            }
         }
     }
 }

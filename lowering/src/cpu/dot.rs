@@ -5,8 +5,8 @@ use super::*;
 
 impl<'k> Emitter<'k> {
     /// `[M, K] x [K, N]`: operands read in place when their rows are dense (else copied
-    /// row-major), then register tiles of 6 rows x 16 columns over the whole K (12
-    /// accumulators), with narrower tiles for the edges.
+    /// row-major), then register tiles over the whole K of 6 rows x 16 columns (12 AVX2
+    /// accumulators) or 8 x 32 (16 AVX-512 ones), with narrower tiles for the edges.
     pub(super) fn dot(
         &mut self,
         lhs: Value,
@@ -45,29 +45,35 @@ impl<'k> Emitter<'k> {
         let float = lt.dtype.is_float();
         let out_dtype = if float { DType::F32 } else { DType::I32 };
         let c = self.alloc(&[m, n], out_dtype);
-        let (rows_main, cols_main) = (
-            m / TILE_ROWS * TILE_ROWS,
-            n / (LANES * TILE_VECTORS) * LANES * TILE_VECTORS,
-        );
-        let cols_vec = n / LANES * LANES;
-        let tiles = [
+        let (tile_rows, lanes) = (self.registers.tile_rows(), self.registers.lanes());
+        let rows_main = m / tile_rows * tile_rows;
+        let cols_main = n / (lanes * TILE_VECTORS) * lanes * TILE_VECTORS;
+        // (rows, cols, tile rows, vectors per tile row, lanes per vector)
+        let mut tiles = vec![
             (
                 (0, rows_main),
                 (0, cols_main),
-                TILE_ROWS,
+                tile_rows,
                 TILE_VECTORS,
-                LANES,
+                lanes,
             ),
             (
                 (rows_main, m),
                 (0, cols_main),
                 m - rows_main,
                 TILE_VECTORS,
-                LANES,
+                lanes,
             ),
-            ((0, m), (cols_main, cols_vec), 1, 1, LANES),
-            ((0, m), (cols_vec, n), 1, 1, 1),
         ];
+        // The right edge: columns of one register, then of 8 lanes, then scalars.
+        let mut done = cols_main;
+        for width in [lanes, LANES, 1] {
+            let end = n / width * width;
+            if end > done {
+                tiles.push(((0, m), (done, end), 1, 1, width));
+                done = end;
+            }
+        }
         for ((r0, r1), (c0, c1), rows, vectors, width) in tiles {
             if r0 < r1 && c0 < c1 {
                 self.dot_tiles(

@@ -15,7 +15,8 @@
 //! * Element-wise work runs in loops whose innermost dimension goes 16 lanes at a time,
 //!   then 8 (AVX2 `vector<8xf32>`), then scalars (`memory.rs`); reductions along it keep
 //!   4 accumulators of 8. `dot` runs a register-tiled
-//!   6x16 FMA micro-kernel (`dot.rs`). `exp` is a polynomial in `arith` (`math.rs`: the
+//!   FMA micro-kernel sized for the host's registers (`dot.rs`, [`Registers`]: 6x16 on
+//!   AVX2, 8x32 on AVX-512). `exp` is a polynomial in `arith` (`math.rs`: the
 //!   LLVM intrinsic would become a scalar `expf` per lane). `for`/`if` are in `control.rs`.
 //! * Floats compute in f32; bf16/f16 results are rounded after every op as the
 //!   interpreter does. Bools are stored as bytes.
@@ -42,17 +43,72 @@ mod memory;
 
 pub use debug::{DebugPrintSite, DEBUG_PRINT_SYMBOL};
 
-/// Lanes per vector: 256-bit AVX2 registers of 32-bit elements.
+/// Lanes per vector of element-wise tails and reductions, and of the 8x8 transposes:
+/// 256-bit AVX2 registers of 32-bit elements.
 const LANES: u64 = 8;
 /// Lanes per step of element-wise loops over long rows (LLVM splits them into two AVX2
 /// registers, or uses one AVX-512 register where the host has it).
 const WIDE: u64 = 16;
-/// Rows of the dot micro-kernel's register tile.
-const TILE_ROWS: u64 = 6;
 /// Independent vector accumulators of a reduction along the last dim.
 const REDUCE_ACCUMULATORS: u64 = 4;
 /// Vectors per row of the dot micro-kernel's register tile.
 const TILE_VECTORS: u64 = 2;
+
+/// The vector registers the code is for: they size the dot micro-kernel's register tile.
+/// Code for either runs on any x86-64 LLVM targets (wider vectors are split in two);
+/// the host's own is fastest.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Registers {
+    /// 16 registers of 8 f32 lanes.
+    #[default]
+    Avx2,
+    /// 32 registers of 16 f32 lanes.
+    Avx512,
+}
+
+impl Registers {
+    /// Every kind, by name.
+    pub const ALL: [Registers; 2] = [Registers::Avx2, Registers::Avx512];
+
+    /// The name (`avx2`, `avx512`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Registers::Avx2 => "avx2",
+            Registers::Avx512 => "avx512",
+        }
+    }
+
+    /// This CPU's registers: AVX-512 where it has AVX-512F, else AVX2.
+    pub fn host() -> Registers {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            return Registers::Avx512;
+        }
+        Registers::Avx2
+    }
+
+    /// The registers called `name` ([`Registers::name`]).
+    pub fn named(name: &str) -> Option<Registers> {
+        Registers::ALL.into_iter().find(|r| r.name() == name)
+    }
+
+    /// f32 lanes per register.
+    pub fn lanes(self) -> u64 {
+        match self {
+            Registers::Avx2 => 8,
+            Registers::Avx512 => 16,
+        }
+    }
+
+    /// Rows of the dot micro-kernel's tile: `rows x 2` accumulators leave registers for
+    /// the two loaded vectors of B and the broadcast element of A.
+    fn tile_rows(self) -> u64 {
+        match self {
+            Registers::Avx2 => 6,
+            Registers::Avx512 => 8,
+        }
+    }
+}
 
 /// A lowered kernel and what the caller needs to run it.
 #[derive(Clone, Debug)]
@@ -116,9 +172,10 @@ pub fn unsupported(kernel: &Kernel) -> Option<String> {
     reason
 }
 
-/// Lowers a verified kernel (one [`unsupported`] accepts) to a CPU module.
-pub fn lower(kernel: &Kernel) -> CpuModule {
-    let mut e = Emitter::new(kernel);
+/// Lowers a verified kernel (one [`unsupported`] accepts) to a CPU module for hosts with
+/// `registers`.
+pub fn lower(kernel: &Kernel, registers: Registers) -> CpuModule {
+    let mut e = Emitter::new(kernel, registers);
     let text = e.module();
     CpuModule {
         text,
@@ -272,6 +329,7 @@ fn memref_type(shape: &[u64], elem: &str) -> String {
 
 struct Emitter<'k> {
     k: &'k Kernel,
+    registers: Registers,
     w: Writer,
     /// Allocations and constants, emitted at the function entry.
     entry: Vec<String>,
@@ -295,10 +353,11 @@ struct Emitter<'k> {
 }
 
 impl<'k> Emitter<'k> {
-    fn new(k: &'k Kernel) -> Self {
+    fn new(k: &'k Kernel, registers: Registers) -> Self {
         let padded = k.refs.iter().map(|r| r.padded_shape()).collect();
         Emitter {
             k,
+            registers,
             w: Writer::new("v", 2),
             entry: Vec::new(),
             deallocs: Vec::new(),
