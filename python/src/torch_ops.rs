@@ -684,11 +684,13 @@ impl Attention {
         Ok(Attention { q, k, v, params })
     }
 
-    /// Adds `causal` and `scale` (`1/sqrt(head_dim)` when not given).
+    /// Adds `causal` and the `scale` when given (the kernel's default is
+    /// `1/sqrt(head_dim)`; leaving it out keeps the problem the one `tessera tune` stores).
     fn options(&mut self, causal: bool, scale: Option<f64>) {
-        let scale = scale.unwrap_or(1.0 / (self.q.shape[3] as f64).sqrt());
         self.params.push(("causal", causal.to_string()));
-        self.params.push(("scale", format!("{scale:?}")));
+        if let Some(scale) = scale {
+            self.params.push(("scale", format!("{scale:?}")));
+        }
     }
 
     /// Reads and adds the sliding `window` and the `softcap` (both optional).
@@ -1001,8 +1003,7 @@ impl Varlen {
         kernels::check_cu_seqlens("cu_seqlens_q", cu_q.i32s(), batch, tq).map_err(bad)?;
         kernels::check_cu_seqlens("cu_seqlens_k", cu_k.i32s(), batch, tk).map_err(bad)?;
         let causal = a.flag();
-        let scale = a.float("scale")?.unwrap_or(1.0 / (d as f64).sqrt());
-        let params = vec![
+        let mut params = vec![
             ("batch", batch.to_string()),
             ("heads", h.to_string()),
             ("kv_heads", hkv.to_string()),
@@ -1010,9 +1011,13 @@ impl Varlen {
             ("total_k", tk.to_string()),
             ("head_dim", d.to_string()),
             ("causal", causal.to_string()),
-            ("scale", format!("{scale:?}")),
             ("dtype", q.dtype_name().to_string()),
         ];
+        // The kernel's default scale is 1/sqrt(head_dim): given only when the caller set
+        // one, so the problem is the one `tessera tune` stores.
+        if let Some(scale) = a.float("scale")? {
+            params.push(("scale", format!("{scale:?}")));
+        }
         Ok(Varlen {
             q,
             k,

@@ -137,10 +137,15 @@ impl Compiler for JitCompiler {
                 messages()
             ));
         }
-        for (name, address) in float_conversions().into_iter().chain([(
-            lowering::cpu::DEBUG_PRINT_SYMBOL,
-            debug_print as *mut c_void,
-        )]) {
+        let runtime_symbols = [
+            (
+                lowering::cpu::DEBUG_PRINT_SYMBOL,
+                debug_print as *mut c_void,
+            ),
+            ("malloc", buffers::malloc as *mut c_void),
+            ("free", buffers::free as *mut c_void),
+        ];
+        for (name, address) in float_conversions().into_iter().chain(runtime_symbols) {
             // SAFETY: a live engine; the address is a function with the runtime
             // library's signature for `name`.
             unsafe { mlirExecutionEngineRegisterSymbol(engine, string_ref(name), address) };
@@ -163,6 +168,121 @@ impl Compiler for JitCompiler {
 
     fn deserialize(&self, _: &[u8]) -> Result<Jitted, String> {
         Err("JIT-compiled code cannot be loaded".into())
+    }
+}
+
+/// The buffers JIT'd code allocates (`memref.alloc`: blocks, scratch; the engine binds
+/// its `malloc`/`free` here): each thread keeps the ones its calls freed, by size, for its
+/// next call, so a kernel's buffers are not fresh pages to fault in on every call (a
+/// 512x2048 softmax faulted in 64 pages per call through `malloc`, whose heap trimming
+/// returned them in between).
+pub mod buffers {
+    use std::alloc::{alloc, dealloc, Layout};
+    use std::cell::RefCell;
+    use std::ffi::c_void;
+
+    /// Bytes before each block: its size, so `free` can rebuild the layout.
+    const HEADER: usize = 16;
+    /// Bytes of freed blocks a thread keeps at most.
+    const POOL_BYTES: usize = 64 << 20;
+
+    /// One thread's freed blocks, by requested size.
+    #[derive(Default)]
+    struct Pool {
+        blocks: Vec<(usize, *mut u8)>,
+        bytes: usize,
+    }
+
+    impl Drop for Pool {
+        fn drop(&mut self) {
+            for (size, block) in self.blocks.drain(..) {
+                // SAFETY: every pooled block came from `allocate(size)`.
+                unsafe { release(block, size) };
+            }
+        }
+    }
+
+    thread_local! {
+        static POOL: RefCell<Pool> = RefCell::default();
+    }
+
+    fn layout(size: usize) -> Option<Layout> {
+        Layout::from_size_align(size.checked_add(HEADER)?, HEADER).ok()
+    }
+
+    /// A fresh block of `size` bytes (after its header), or null.
+    fn allocate(size: usize) -> *mut u8 {
+        let Some(layout) = layout(size) else {
+            return std::ptr::null_mut();
+        };
+        // SAFETY: the layout has a nonzero size (the header).
+        let base = unsafe { alloc(layout) };
+        if base.is_null() {
+            return base;
+        }
+        // SAFETY: the block holds the header.
+        unsafe {
+            (base as *mut usize).write(size);
+            base.add(HEADER)
+        }
+    }
+
+    /// Returns a block to the system.
+    ///
+    /// # Safety
+    /// `block` came from `allocate(size)`.
+    unsafe fn release(block: *mut u8, size: usize) {
+        let layout = layout(size).expect("allocated with this layout");
+        unsafe { dealloc(block.sub(HEADER), layout) };
+    }
+
+    /// `malloc` for JIT'd code: a block this thread freed with the same size, else a new one.
+    pub extern "C" fn malloc(size: usize) -> *mut c_void {
+        let reused = POOL
+            .try_with(|pool| {
+                let mut pool = pool.try_borrow_mut().ok()?;
+                let at = pool.blocks.iter().rposition(|&(s, _)| s == size)?;
+                let (_, block) = pool.blocks.swap_remove(at);
+                pool.bytes -= size;
+                Some(block)
+            })
+            .ok()
+            .flatten();
+        reused.unwrap_or_else(|| allocate(size)) as *mut c_void
+    }
+
+    /// `free` for JIT'd code: keeps the block for this thread's next `malloc` of its size
+    /// (returning the oldest ones past the pool's limit).
+    pub extern "C" fn free(ptr: *mut c_void) {
+        if ptr.is_null() {
+            return;
+        }
+        let block = ptr as *mut u8;
+        // SAFETY: JIT'd code frees only what its `malloc` (above) returned.
+        let size = unsafe { (block.sub(HEADER) as *const usize).read() };
+        let kept = POOL.try_with(|pool| {
+            let Ok(mut pool) = pool.try_borrow_mut() else {
+                return false;
+            };
+            pool.blocks.push((size, block));
+            pool.bytes += size;
+            while pool.bytes > POOL_BYTES {
+                let (old, oldest) = pool.blocks.remove(0);
+                pool.bytes -= old;
+                // SAFETY: pooled blocks came from `allocate(old)`.
+                unsafe { release(oldest, old) };
+            }
+            true
+        });
+        if kept != Ok(true) {
+            // SAFETY: as above.
+            unsafe { release(block, size) };
+        }
+    }
+
+    /// Bytes of freed buffers this thread keeps for its next kernel calls.
+    pub fn pooled_bytes() -> usize {
+        POOL.try_with(|p| p.borrow().bytes).unwrap_or(0)
     }
 }
 

@@ -435,3 +435,29 @@ fn buffers_too_large_for_memory_are_refused_before_running() {
         }
     }
 }
+
+/// The buffers JIT'd code allocates are kept per thread and reused by the next call, not
+/// page-faulted in afresh (the engine's `malloc`/`free` are the runtime's pool).
+#[test]
+fn kernel_buffers_are_reused_across_calls() {
+    let op = kernels::find("softmax").unwrap();
+    let p = kernels::Params::parse(op.params(), &["rows=16,cols=256".into()]).unwrap();
+    let kernel = op.build(&p).unwrap().remove(0);
+    let inputs = op.inputs(&p, 0).unwrap();
+    // Small enough to run on the calling thread, whose pool this reads.
+    let before = runtime::native::buffers::pooled_bytes();
+    runtime::run(&kernel, &inputs, Backend::Native).unwrap();
+    let after_one = runtime::native::buffers::pooled_bytes();
+    assert!(
+        after_one > before,
+        "the softmax's row buffers were not pooled"
+    );
+    for _ in 0..3 {
+        runtime::run(&kernel, &inputs, Backend::Native).unwrap();
+    }
+    assert_eq!(
+        runtime::native::buffers::pooled_bytes(),
+        after_one,
+        "later calls must reuse the pooled buffers"
+    );
+}

@@ -13,7 +13,6 @@ for them until the torch backend form, then the casts are renamed in the printed
 module and the StableHLO pipeline runs in ``torch-mlir-opt``.
 """
 
-import math
 import os
 import re
 import subprocess
@@ -148,7 +147,7 @@ def _varlen_call(node: torch.fx.Node, name: str, args: list) -> KernelCall:
         "batch": named["cu_seqlens_q"].shape[0] - 1, "heads": h, "kv_heads": k.shape[0],
         "total_q": total_q, "total_k": k.shape[1], "head_dim": d,
         "causal": "true" if named.get("is_causal") else "false",
-        "scale": repr(1.0 / math.sqrt(d) if scale is None else float(scale)), "dtype": dt,
+        "scale": "none" if scale is None else repr(float(scale)), "dtype": dt,
     }
     if name == "varlen_attention_bwd":
         operands = ("q", "k", "v", "grad_out", "cu_seqlens_q", "cu_seqlens_k")
