@@ -6,7 +6,7 @@
 use std::sync::Once;
 
 use kernel_ir::{interpret, Array, InterpretOptions, Kernel};
-use kernels::{compare, find, BoxError, Params};
+use kernels::{compare, find, BoxError, FlashAttentionBwd, Op, Params};
 use proptest::prelude::*;
 use runtime::Backend;
 
@@ -147,6 +147,25 @@ proptest! {
             ("causal", causal.to_string()), ("dtype", if bf16 { "bf16" } else { "f32" }.into()),
             ("window", window), ("softcap", softcap.into())];
         all_match("flash_attention", &case, seed)?;
+        all_match("flash_attention_bwd", &case, seed)?;
+    }
+
+    /// Blocks that tile both sequences and two (batch, kv head) programs: the backward
+    /// runs as one fused kernel.
+    #[test]
+    fn flash_attention_fused_backward(batch in 1u64..=2, heads in prop_oneof![Just((4u64, 2u64)), Just((2, 2)), Just((4, 1))],
+                                      q_blocks in 1u64..=4, kv_blocks in 1u64..=3, causal in any::<bool>(),
+                                      bf16 in any::<bool>(),
+                                      window in prop_oneof![Just("none".to_string()), (0u64..=40).prop_map(|w| w.to_string())],
+                                      softcap in prop_oneof![Just("none"), Just("3.0")], seed in 0u64..100) {
+        let batch = if heads.1 == 1 { 2 } else { batch };
+        let case = [("batch", batch.to_string()), ("heads", heads.0.to_string()), ("kv_heads", heads.1.to_string()),
+            ("q_len", (16 * q_blocks).to_string()), ("kv_len", (32 * kv_blocks).to_string()), ("head_dim", "32".into()),
+            ("block_q", "16".into()), ("block_k", "32".into()), ("causal", causal.to_string()),
+            ("dtype", if bf16 { "bf16" } else { "f32" }.into()), ("window", window), ("softcap", softcap.into())];
+        let pairs: Vec<(&str, &str)> = case.iter().map(|(a, b)| (*a, b.as_str())).collect();
+        let p = Params::with(FlashAttentionBwd::PARAMS, &pairs).unwrap();
+        prop_assert!(FlashAttentionBwd::config(&p).unwrap().fuses_backward());
         all_match("flash_attention_bwd", &case, seed)?;
     }
 

@@ -246,3 +246,93 @@ pub(crate) fn flash_attention_bwd_dkdv(
     store_rows(dk, (dk_acc * c.scale).cast(c.dtype), bk, d, k0, c.kv_len);
     store_rows(dv, dv_acc.cast(c.dtype), bk, d, k0, c.kv_len);
 }
+
+/// One (query block, key block) tile of the fused backward: adds its `ds^T q` and
+/// `p^T do` into the dk/dv accumulators at the key block and returns `dq + ds k`.
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+fn fused_step(
+    qb: Tensor,
+    dob: Tensor,
+    lse_b: Tensor,
+    delta_b: Tensor,
+    k: Ref,
+    v: Ref,
+    dk_acc: Ref,
+    dv_acc: Ref,
+    q0: Tensor,
+    k0: Tensor,
+    dq: Tensor,
+    c: AttentionConfig,
+) -> Tensor {
+    let bk = c.block_k;
+    let kb = k.load(s![ds(k0, bk), ..]);
+    let vb = v.load(s![ds(k0, bk), ..]);
+    let (p, grad) = probs_and_grad(qb, kb, vb, dob, lse_b, delta_b, q0, k0, c.block_q, bk, c);
+    let ds_in = mxu_input(grad, c.dtype);
+    let dk_tile = dk_acc.load(s![ds(k0, bk), ..]) + dot_general(ds_in, qb, true, false);
+    dk_acc.store(s![ds(k0, bk), ..], dk_tile);
+    let dv_tile =
+        dv_acc.load(s![ds(k0, bk), ..]) + dot_general(mxu_input(p, c.dtype), dob, true, false);
+    dv_acc.store(s![ds(k0, bk), ..], dv_tile);
+    dq + ds_in.dot(kb)
+}
+
+/// dq, dk and dv in one pass for one (batch, kv head): every query block of every query
+/// head of the group meets the key blocks it sees once, and each tile's `p` and `ds`
+/// feed all three gradients (five dots per tile instead of the seven of the dq and dk/dv
+/// kernels, which both recompute them). dk/dv accumulate in f32 scratch over the whole
+/// key sequence. Used when the blocks tile both sequences ([`AttentionConfig::fuses_backward`]).
+#[kernel]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn flash_attention_bwd_fused(
+    q: Ref,
+    k: Ref,
+    v: Ref,
+    d_o: Ref,
+    lse: Ref,
+    delta: Ref,
+    dq: Ref,
+    dk: Ref,
+    dv: Ref,
+    dk_acc: Ref,
+    dv_acc: Ref,
+    #[comptime] c: AttentionConfig,
+) {
+    let (bq, d) = (c.block_q, c.head_dim);
+    dk_acc.write(zeros([c.kv_len, d], DType::F32));
+    dv_acc.write(zeros([c.kv_len, d], DType::F32));
+    let full_blocks = c.kv_len / c.block_k;
+    let q_blocks = index((c.q_len / bq) as i64);
+    #[unroll]
+    for g in 0..c.heads / c.kv_heads {
+        for i in index(0)..q_blocks {
+            let q0 = i * bq;
+            let qb = q.load(s![g, ds(q0, bq), ..]);
+            let dob = d_o.load(s![g, ds(q0, bq), ..]);
+            let lse_b = lse.load(s![g, ds(q0, bq), 0]);
+            let delta_b = delta.load(s![g, ds(q0, bq), 0]);
+            let blocks = key_blocks(q0, full_blocks, c);
+            let mut dq_acc = zeros([bq, d], DType::F32);
+            for j in blocks.first..blocks.upper {
+                dq_acc = fused_step(
+                    qb,
+                    dob,
+                    lse_b,
+                    delta_b,
+                    k,
+                    v,
+                    dk_acc,
+                    dv_acc,
+                    q0,
+                    j * c.block_k,
+                    dq_acc,
+                    c,
+                );
+            }
+            dq.store(s![g, ds(q0, bq), ..], (dq_acc * c.scale).cast(c.dtype));
+        }
+    }
+    dk.write((dk_acc.read() * c.scale).cast(c.dtype));
+    dv.write(dv_acc.read().cast(c.dtype));
+}

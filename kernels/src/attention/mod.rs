@@ -326,6 +326,54 @@ impl AttentionConfig {
         .build()?)
     }
 
+    /// Whether the backward runs as one fused kernel ([`Self::backward_fused`]): the
+    /// blocks tile both sequences, and there are at least two (batch, kv head) programs
+    /// to share the cores (else the dq and dk/dv kernels, whose grids are finer).
+    pub fn fuses_backward(&self) -> bool {
+        self.q_len % self.block_q == 0
+            && self.kv_len % self.block_k == 0
+            && self.batch * self.kv_heads >= 2
+    }
+
+    /// `(q, k, v, do, lse, delta) -> (dq, dk, dv)` in one pass, one program per (batch,
+    /// kv head).
+    pub fn backward_fused(self) -> Result<Kernel, BoxError> {
+        let c = self;
+        let group = c.group();
+        let per_kv_head = |rows: u64, cols: u64| {
+            block_spec([None, Some(group), Some(rows), Some(cols)], |i| {
+                vec![pid(i, 0), pid(i, 1), zero(), zero()]
+            })
+        };
+        let kv_whole = || {
+            block_spec([None, None, Some(c.kv_len), Some(c.head_dim)], |i| {
+                vec![pid(i, 0), pid(i, 1), zero(), zero()]
+            })
+        };
+        let acc = TensorType::new(DType::F32, [c.kv_len, c.head_dim]);
+        Ok(pallas_call(
+            move |q, k, v, d_o, lse, delta, dq, dk, dv, dk_acc, dv_acc| {
+                bwd::flash_attention_bwd_fused(
+                    q, k, v, d_o, lse, delta, dq, dk, dv, dk_acc, dv_acc, c,
+                )
+            },
+        )
+        .grid([c.batch, c.kv_heads])
+        .dimension_semantics([DimSemantics::Parallel; 2])
+        .input(c.q_type(), per_kv_head(c.q_len, c.head_dim))
+        .input(c.kv_type(), kv_whole())
+        .input(c.kv_type(), kv_whole())
+        .input(c.q_type(), per_kv_head(c.q_len, c.head_dim))
+        .input(c.rows_type(), per_kv_head(c.q_len, 1))
+        .input(c.rows_type(), per_kv_head(c.q_len, 1))
+        .output(c.q_type(), per_kv_head(c.q_len, c.head_dim))
+        .output(c.kv_type(), kv_whole())
+        .output(c.kv_type(), kv_whole())
+        .scratch(acc.clone())
+        .scratch(acc)
+        .build()?)
+    }
+
     fn qkv(&self, seed: u64) -> Result<Vec<Array>, BoxError> {
         Ok(vec![
             random_array(self.dtype, &self.q_type().shape, seed, 1.0)?,
@@ -508,12 +556,13 @@ impl Op for FlashAttentionBwd {
     }
 
     fn build(c: &Self::Config) -> Result<Vec<Kernel>, BoxError> {
-        Ok(vec![
-            c.forward()?,
-            c.backward_delta()?,
-            c.backward_dq()?,
-            c.backward_dkdv()?,
-        ])
+        let mut kernels = vec![c.forward()?, c.backward_delta()?];
+        if c.fuses_backward() {
+            kernels.push(c.backward_fused()?);
+        } else {
+            kernels.extend([c.backward_dq()?, c.backward_dkdv()?]);
+        }
+        Ok(kernels)
     }
 
     fn inputs(c: &Self::Config, seed: u64) -> Result<Vec<Array>, BoxError> {
@@ -552,6 +601,9 @@ impl Op for FlashAttentionBwd {
             lse.clone(),
             delta,
         ];
+        if c.fuses_backward() {
+            return exec(&c.backward_fused()?, &grads_in);
+        }
         let dq = exec(&c.backward_dq()?, &grads_in)?.remove(0);
         let mut dkdv = exec(&c.backward_dkdv()?, &grads_in)?;
         let dv = dkdv.remove(1);
