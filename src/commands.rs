@@ -371,8 +371,15 @@ fn time_kernel(
     let context = format!("{name} {p}");
     let fail = |e: BoxError| run_failure(&context, e);
     let (outputs, used) = execute(k, &p, &case.inputs, requested).map_err(fail)?;
-    let ms =
-        median_ms(runs, || execute(k, &p, &case.inputs, requested).map(|_| ())).map_err(fail)?;
+    let in_place = in_place_kernel(k, &p, used);
+    let ms = match &in_place {
+        Some(prepared) => {
+            let mut reused = outputs.clone();
+            median_ms(runs, || Ok(prepared.run_on(&case.inputs, &mut reused)?))
+        }
+        None => median_ms(runs, || execute(k, &p, &case.inputs, requested).map(|_| ())),
+    }
+    .map_err(fail)?;
     let baseline_ms = match vs {
         Some("torch") => {
             let Some(torch) = case.torch_baseline() else {
@@ -404,11 +411,32 @@ fn time_kernel(
     Ok(Timing {
         flops: k.flops(&p),
         params: p,
-        used: used.to_string(),
+        used: match in_place {
+            Some(_) => format!("{used} (in place)"),
+            None => used.to_string(),
+        },
         ms,
         baseline_ms,
         bytes: bytes as f64,
     })
+}
+
+/// The compiled kernel of a single-kernel op that ran natively, to time in place on
+/// reused outputs (as the torch ops run it, and as PyTorch's baseline reuses its
+/// allocator's memory); `None` for other ops and backends, and for bf16/f16 (timed
+/// through arrays, with fresh outputs per call).
+fn in_place_kernel(
+    k: &dyn LibraryKernel,
+    p: &Params,
+    used: Backend,
+) -> Option<runtime::native::Prepared> {
+    if used != Backend::Native {
+        return None;
+    }
+    match k.build(p).ok()?.as_slice() {
+        [single] => runtime::native::backend().prepare(single).ok(),
+        _ => None,
+    }
 }
 
 impl Timing {

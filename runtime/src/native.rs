@@ -442,6 +442,29 @@ pub struct Prepared {
 }
 
 impl Prepared {
+    /// Runs the kernel on `inputs`, writing into `outputs`: arrays of the kernel's input
+    /// and output types, the outputs reused across calls as the torch ops reuse
+    /// PyTorch's memory (what `tessera bench` times for single-kernel native runs).
+    pub fn run_on(&self, inputs: &[Array], outputs: &mut [Array]) -> Result<(), crate::Error> {
+        let types = |arrays: &[Array]| arrays.iter().map(|a| a.ty().clone()).collect::<Vec<_>>();
+        if types(inputs) != self.kernel.input_types()
+            || types(outputs) != self.kernel.output_types()
+        {
+            return Err(crate::Error::Native(format!(
+                "@{}: the arrays are not of the kernel's input and output types",
+                self.kernel.name
+            )));
+        }
+        let ins: Vec<*const c_void> = inputs.iter().map(|a| data_ptr(a.data())).collect();
+        let outs: Vec<*mut c_void> = outputs
+            .iter_mut()
+            .map(|a| data_ptr(a.data_mut()) as *mut c_void)
+            .collect();
+        // SAFETY: each array owns a whole buffer of its (checked) type; the outputs are
+        // borrowed mutably, so they overlap nothing.
+        unsafe { self.run_in_place(&ins, &outs) }
+    }
+
     /// Runs the kernel on caller-owned storage, as [`Native::run_in_place`].
     ///
     /// # Safety

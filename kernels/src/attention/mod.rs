@@ -330,8 +330,8 @@ impl AttentionConfig {
     /// blocks tile both sequences, and there are at least two (batch, kv head) programs
     /// to share the cores (else the dq and dk/dv kernels, whose grids are finer).
     pub fn fuses_backward(&self) -> bool {
-        self.q_len % self.block_q == 0
-            && self.kv_len % self.block_k == 0
+        self.q_len.is_multiple_of(self.block_q)
+            && self.kv_len.is_multiple_of(self.block_k)
             && self.batch * self.kv_heads >= 2
     }
 
