@@ -371,7 +371,7 @@ fn time_kernel(
     let context = format!("{name} {p}");
     let fail = |e: BoxError| run_failure(&context, e);
     let (outputs, used) = execute(k, &p, &case.inputs, requested).map_err(fail)?;
-    let in_place = in_place_kernel(k, &p, used);
+    let in_place = in_place_kernel(k, &p, used, &case.inputs, &outputs);
     let ms = match &in_place {
         Some(prepared) => {
             let mut reused = outputs.clone();
@@ -421,22 +421,30 @@ fn time_kernel(
     })
 }
 
-/// The compiled kernel of a single-kernel op that ran natively, to time in place on
-/// reused outputs (as the torch ops run it, and as PyTorch's baseline reuses its
-/// allocator's memory); `None` for other ops and backends, and for bf16/f16 (timed
-/// through arrays, with fresh outputs per call).
+/// The compiled kernel of a single-kernel op that ran natively on the op's own `inputs`
+/// and `outputs`, to time in place on reused outputs (as the torch ops run it, and as
+/// PyTorch's baseline reuses its allocator's memory); `None` for other ops and backends,
+/// for kernels that take arrays the host derives (varlen's tile plans), and for
+/// bf16/f16 (timed through arrays, with fresh outputs per call).
 fn in_place_kernel(
     k: &dyn LibraryKernel,
     p: &Params,
     used: Backend,
+    inputs: &[Array],
+    outputs: &[Array],
 ) -> Option<runtime::native::Prepared> {
     if used != Backend::Native {
         return None;
     }
-    match k.build(p).ok()?.as_slice() {
-        [single] => runtime::native::backend().prepare(single).ok(),
-        _ => None,
+    let kernels = k.build(p).ok()?;
+    let [single] = kernels.as_slice() else {
+        return None;
+    };
+    let types = |arrays: &[Array]| arrays.iter().map(|a| a.ty().clone()).collect::<Vec<_>>();
+    if types(inputs) != single.input_types() || types(outputs) != single.output_types() {
+        return None;
     }
+    runtime::native::backend().prepare(single).ok()
 }
 
 impl Timing {

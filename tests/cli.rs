@@ -246,6 +246,33 @@ fn bad_ir_exits_2_naming_the_problem() {
 }
 
 #[test]
+fn every_kernel_benches_natively_in_place_where_it_can() {
+    for name in stdout(&tessera(&["list"])).lines() {
+        let name = name.split_whitespace().next().unwrap();
+        let o = tessera(&[
+            "bench",
+            name,
+            "--backend",
+            "native",
+            "--shape",
+            small_shape(name),
+            "--runs",
+            "1",
+        ]);
+        assert!(o.status.success(), "{name}: {}", stderr(&o));
+        // Single-kernel ops on their own inputs run in place on reused outputs; ops of
+        // several kernels, or whose kernel takes host-derived tables, through arrays.
+        let in_place = !name.contains("bwd") && !name.starts_with("varlen");
+        assert_eq!(
+            stdout(&o).contains("backend=native (in place)"),
+            in_place,
+            "{name}: {}",
+            stdout(&o)
+        );
+    }
+}
+
+#[test]
 fn bench_reports_time_throughput_and_peaks() {
     let o = tessera(&[
         "bench",
