@@ -233,9 +233,9 @@ pub fn demo() -> Result<(), Failure> {
             }
             let outcome = (|| -> Result<(kernels::Comparison, f64), BoxError> {
                 let inputs = k.inputs(&p, 0)?;
-                let (got, _) = execute(k, &p, &inputs, backend)?;
+                let (got, used) = execute(k, &p, &inputs, backend)?;
                 let c = compare(&got, &k.reference(&p, &inputs)?, k.tolerance(&p));
-                let ms = median_ms(3, || execute(k, &p, &inputs, backend).map(|_| ()))?;
+                let (ms, _) = time_op(k, &p, &inputs, &got, used, 3)?;
                 Ok((c, ms))
             })();
             match outcome {
@@ -371,15 +371,7 @@ fn time_kernel(
     let context = format!("{name} {p}");
     let fail = |e: BoxError| run_failure(&context, e);
     let (outputs, used) = execute(k, &p, &case.inputs, requested).map_err(fail)?;
-    let in_place = in_place_kernel(k, &p, used, &case.inputs, &outputs);
-    let ms = match &in_place {
-        Some(prepared) => {
-            let mut reused = outputs.clone();
-            median_ms(runs, || Ok(prepared.run_on(&case.inputs, &mut reused)?))
-        }
-        None => median_ms(runs, || execute(k, &p, &case.inputs, requested).map(|_| ())),
-    }
-    .map_err(fail)?;
+    let (ms, in_place) = time_op(k, &p, &case.inputs, &outputs, used, runs).map_err(fail)?;
     let baseline_ms = match vs {
         Some("torch") => {
             let Some(torch) = case.torch_baseline() else {
@@ -411,14 +403,39 @@ fn time_kernel(
     Ok(Timing {
         flops: k.flops(&p),
         params: p,
-        used: match in_place {
-            Some(_) => format!("{used} (in place)"),
-            None => used.to_string(),
+        used: if in_place {
+            format!("{used} (in place)")
+        } else {
+            used.to_string()
         },
         ms,
         baseline_ms,
         bytes: bytes as f64,
     })
+}
+
+/// The median ms of `runs` calls of `k` on `inputs` on `used` (the backend whose run gave
+/// `outputs`), and whether they ran in place: single-kernel native runs write into
+/// reused outputs ([`in_place_kernel`]); the rest allocate theirs per call.
+fn time_op(
+    k: &dyn LibraryKernel,
+    p: &Params,
+    inputs: &[Array],
+    outputs: &[Array],
+    used: Backend,
+    runs: usize,
+) -> Result<(f64, bool), BoxError> {
+    match in_place_kernel(k, p, used, inputs, outputs) {
+        Some(prepared) => {
+            let mut reused = outputs.to_vec();
+            let ms = median_ms(runs, || Ok(prepared.run_on(inputs, &mut reused)?))?;
+            Ok((ms, true))
+        }
+        None => Ok((
+            median_ms(runs, || execute(k, p, inputs, used).map(|_| ()))?,
+            false,
+        )),
+    }
 }
 
 /// The compiled kernel of a single-kernel op that ran natively on the op's own `inputs`
