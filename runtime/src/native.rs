@@ -143,6 +143,7 @@ impl Compiler for JitCompiler {
                 debug_print as *mut c_void,
             ),
             ("malloc", buffers::malloc as *mut c_void),
+            ("aligned_alloc", buffers::aligned_alloc as *mut c_void),
             ("free", buffers::free as *mut c_void),
         ];
         for (name, address) in float_conversions().into_iter().chain(runtime_symbols) {
@@ -181,12 +182,13 @@ pub mod buffers {
     use std::cell::RefCell;
     use std::ffi::c_void;
 
-    /// Bytes before each block: its size, so `free` can rebuild the layout.
+    /// Bytes before each block: its size and its offset from the allocation's start, so
+    /// `free` can rebuild the layout. Also the alignment of `malloc`'s blocks.
     const HEADER: usize = 16;
     /// Bytes of freed blocks a thread keeps at most.
     const POOL_BYTES: usize = 64 << 20;
 
-    /// One thread's freed blocks, by requested size.
+    /// One thread's freed `malloc` blocks, by requested size.
     #[derive(Default)]
     struct Pool {
         blocks: Vec<(usize, *mut u8)>,
@@ -195,9 +197,9 @@ pub mod buffers {
 
     impl Drop for Pool {
         fn drop(&mut self) {
-            for (size, block) in self.blocks.drain(..) {
-                // SAFETY: every pooled block came from `allocate(size)`.
-                unsafe { release(block, size) };
+            for (_, block) in self.blocks.drain(..) {
+                // SAFETY: every pooled block came from `allocate`.
+                unsafe { release(block) };
             }
         }
     }
@@ -206,34 +208,47 @@ pub mod buffers {
         static POOL: RefCell<Pool> = RefCell::default();
     }
 
-    fn layout(size: usize) -> Option<Layout> {
-        Layout::from_size_align(size.checked_add(HEADER)?, HEADER).ok()
-    }
-
-    /// A fresh block of `size` bytes (after its header), or null.
-    fn allocate(size: usize) -> *mut u8 {
-        let Some(layout) = layout(size) else {
+    /// A fresh block of `size` bytes aligned to `align` (a power of two, at least
+    /// [`HEADER`]), its header just before it; null when it cannot be had.
+    fn allocate(size: usize, align: usize) -> *mut u8 {
+        let Some(layout) = size
+            .checked_add(align)
+            .and_then(|total| Layout::from_size_align(total, align).ok())
+        else {
             return std::ptr::null_mut();
         };
-        // SAFETY: the layout has a nonzero size (the header).
+        // SAFETY: the layout has a nonzero size (at least the header).
         let base = unsafe { alloc(layout) };
         if base.is_null() {
             return base;
         }
-        // SAFETY: the block holds the header.
+        // SAFETY: the block starts `align >= HEADER` bytes in, after its header.
         unsafe {
-            (base as *mut usize).write(size);
-            base.add(HEADER)
+            let block = base.add(align);
+            let header = block.sub(HEADER) as *mut usize;
+            header.write(size);
+            header.add(1).write(align);
+            block
         }
+    }
+
+    /// The requested size and alignment of a block from [`allocate`].
+    ///
+    /// # Safety
+    /// `block` came from `allocate`.
+    unsafe fn header(block: *mut u8) -> (usize, usize) {
+        let header = unsafe { block.sub(HEADER) } as *const usize;
+        unsafe { (header.read(), header.add(1).read()) }
     }
 
     /// Returns a block to the system.
     ///
     /// # Safety
-    /// `block` came from `allocate(size)`.
-    unsafe fn release(block: *mut u8, size: usize) {
-        let layout = layout(size).expect("allocated with this layout");
-        unsafe { dealloc(block.sub(HEADER), layout) };
+    /// `block` came from `allocate` and is not used again.
+    unsafe fn release(block: *mut u8) {
+        let (size, align) = unsafe { header(block) };
+        let layout = Layout::from_size_align(size + align, align).expect("allocated so");
+        unsafe { dealloc(block.sub(align), layout) };
     }
 
     /// `malloc` for JIT'd code: a block this thread freed with the same size, else a new one.
@@ -248,35 +263,45 @@ pub mod buffers {
             })
             .ok()
             .flatten();
-        reused.unwrap_or_else(|| allocate(size)) as *mut c_void
+        reused.unwrap_or_else(|| allocate(size, HEADER)) as *mut c_void
     }
 
-    /// `free` for JIT'd code: keeps the block for this thread's next `malloc` of its size
-    /// (returning the oldest ones past the pool's limit).
+    /// `aligned_alloc` for JIT'd code (a pass pipeline may ask for it instead of
+    /// `malloc`): not pooled, but freed by the same `free`.
+    pub extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
+        if !align.is_power_of_two() {
+            return std::ptr::null_mut();
+        }
+        allocate(size, align.max(HEADER)) as *mut c_void
+    }
+
+    /// `free` for JIT'd code: keeps a `malloc` block for this thread's next `malloc` of
+    /// its size (returning the oldest ones past the pool's limit).
     pub extern "C" fn free(ptr: *mut c_void) {
         if ptr.is_null() {
             return;
         }
         let block = ptr as *mut u8;
-        // SAFETY: JIT'd code frees only what its `malloc` (above) returned.
-        let size = unsafe { (block.sub(HEADER) as *const usize).read() };
-        let kept = POOL.try_with(|pool| {
-            let Ok(mut pool) = pool.try_borrow_mut() else {
-                return false;
-            };
-            pool.blocks.push((size, block));
-            pool.bytes += size;
-            while pool.bytes > POOL_BYTES {
-                let (old, oldest) = pool.blocks.remove(0);
-                pool.bytes -= old;
-                // SAFETY: pooled blocks came from `allocate(old)`.
-                unsafe { release(oldest, old) };
-            }
-            true
-        });
-        if kept != Ok(true) {
+        // SAFETY: JIT'd code frees only what its `malloc`/`aligned_alloc` returned.
+        let (size, align) = unsafe { header(block) };
+        let kept = align == HEADER
+            && POOL.try_with(|pool| {
+                let Ok(mut pool) = pool.try_borrow_mut() else {
+                    return false;
+                };
+                pool.blocks.push((size, block));
+                pool.bytes += size;
+                while pool.bytes > POOL_BYTES {
+                    let (old, oldest) = pool.blocks.remove(0);
+                    pool.bytes -= old;
+                    // SAFETY: pooled blocks came from `allocate`.
+                    unsafe { release(oldest) };
+                }
+                true
+            }) == Ok(true);
+        if !kept {
             // SAFETY: as above.
-            unsafe { release(block, size) };
+            unsafe { release(block) };
         }
     }
 
@@ -815,7 +840,36 @@ unsafe fn execute_raw(
 
 #[cfg(test)]
 mod tests {
-    use super::zigzag;
+    use super::{buffers, zigzag};
+
+    #[test]
+    fn freed_buffers_come_back_to_the_next_malloc_of_their_size() {
+        let a = buffers::malloc(1000);
+        assert_eq!(a as usize % 16, 0);
+        // SAFETY: a live block of 1000 bytes.
+        unsafe { std::ptr::write_bytes(a as *mut u8, 7, 1000) };
+        let before = buffers::pooled_bytes();
+        buffers::free(a);
+        assert_eq!(buffers::pooled_bytes(), before + 1000);
+        assert_eq!(buffers::malloc(1000), a, "the pooled block is reused");
+        buffers::free(a);
+        let aligned = buffers::aligned_alloc(256, 3000);
+        assert_eq!(aligned as usize % 256, 0);
+        // SAFETY: a live block of 3000 bytes.
+        unsafe { std::ptr::write_bytes(aligned as *mut u8, 1, 3000) };
+        let pooled = buffers::pooled_bytes();
+        buffers::free(aligned);
+        assert_eq!(
+            buffers::pooled_bytes(),
+            pooled,
+            "aligned blocks are not pooled"
+        );
+        assert!(
+            buffers::aligned_alloc(48, 10).is_null(),
+            "not a power of two"
+        );
+        buffers::free(std::ptr::null_mut());
+    }
 
     #[test]
     fn zigzag_deals_every_program_once_and_evens_out_a_ramp() {
