@@ -783,15 +783,15 @@ unsafe fn execute_raw(
         .collect();
     descriptors.push(descriptor(fault.as_mut_ptr() as *mut c_void, &[1]));
     let args = Args(descriptors);
+    let arg_words = 4 + args.0.iter().map(Vec::len).sum::<usize>();
     let run_strided = |first: u64, step: u64| {
         let mut words = [first, module.parallel_programs, step];
-        let mut ptrs: Vec<*mut c_void> = words
-            .iter_mut()
-            .map(|w| w as *mut u64 as *mut c_void)
-            .collect();
-        let mut descriptors = args.0.clone();
-        for d in &mut descriptors {
-            ptrs.extend(d.iter_mut().map(|w| w as *mut u64 as *mut c_void));
+        let mut ptrs: Vec<*mut c_void> = Vec::with_capacity(arg_words);
+        ptrs.extend(words.iter_mut().map(|w| w as *mut u64 as *mut c_void));
+        // The packed entry only reads through these pointers: the workers share the
+        // descriptor words.
+        for d in &args.0 {
+            ptrs.extend(d.iter().map(|w| w as *const u64 as *mut c_void));
         }
         let mut context = &module.debug_prints as *const Vec<DebugPrintSite> as u64;
         if !module.debug_prints.is_empty() {
