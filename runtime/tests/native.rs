@@ -330,6 +330,46 @@ fn reductions_fused_into_the_pass_that_stores_their_operand() {
 }
 
 #[test]
+fn row_max_and_sum_propagate_nan_from_every_lane() {
+    // 48 columns: 4 accumulators of 8 lanes, then the partials combined by halving.
+    let cols = 48u64;
+    let ty = TensorType::new(DType::F32, [cols, cols]);
+    let rows_ty = TensorType::new(DType::F32, [cols, 2]);
+    let k = pallas_call(move |x: Ref, o: Ref| {
+        let v = x.read();
+        o.store(s![.., ds(0, 1)], v.max_keepdims(1));
+        o.store(s![.., ds(1, 1)], v.sum_keepdims(1));
+    })
+    .grid([1])
+    .input(ty, whole([cols, cols]))
+    .output(rows_ty, whole([cols, 2]))
+    .build()
+    .unwrap();
+    // Row r has a NaN in column r - 1 (row 0 has none): every lane position.
+    let data: Vec<f32> = (0..cols * cols)
+        .map(|i| {
+            let (r, c) = (i / cols, i % cols);
+            if r > 0 && c == r - 1 {
+                f32::NAN
+            } else {
+                (c as f32 - 20.0) * 0.25
+            }
+        })
+        .collect();
+    let x = Array::from_f32(DType::F32, [cols, cols], data).unwrap();
+    let (got, _) = runtime::run(&k, std::slice::from_ref(&x), Backend::Native).unwrap();
+    let got = got[0].to_f64();
+    assert_eq!((got[0], got[1]), (6.75, 42.0), "row 0: max and sum");
+    for r in 1..cols as usize {
+        assert!(
+            got[2 * r].is_nan() && got[2 * r + 1].is_nan(),
+            "row {r}: {:?}",
+            &got[2 * r..2 * r + 2]
+        );
+    }
+}
+
+#[test]
 fn dynamic_indices_outside_the_block_are_errors_not_wild_accesses() {
     let ty = TensorType::new(DType::F32, [16]);
     let k = pallas_call(|x: Ref, o: Ref| {

@@ -115,6 +115,8 @@ impl<'k> Emitter<'k> {
         for (value, width) in parts {
             let x = if *width == 1 {
                 value.clone()
+            } else if width.is_power_of_two() {
+                self.halving_reduction(value, *width, combine, elem)
             } else {
                 let vt = lanes_of(elem, *width);
                 self.assign(&format!(
@@ -127,6 +129,33 @@ impl<'k> Emitter<'k> {
             });
         }
         total.expect("at least one partial result")
+    }
+
+    /// Reduces a vector of `width` lanes (a power of two) by combining its halves until
+    /// one lane is left: a few shuffles and vector ops, where `vector.reduction` of an
+    /// ordered sum or a NaN-propagating max becomes a chain of scalar steps per lane.
+    fn halving_reduction(&mut self, value: &str, width: u64, combine: &str, elem: &str) -> String {
+        let mut v = value.to_string();
+        let mut w = width;
+        while w > 1 {
+            let half = w / 2;
+            let (from, to) = (
+                format!("vector<{w}x{elem}>"),
+                format!("vector<{half}x{elem}>"),
+            );
+            let part = |e: &mut Self, offset: u64| {
+                e.assign(&format!(
+                    "vector.extract_strided_slice {v} {{offsets = [{offset}], sizes = [{half}], \
+                     strides = [1]}} : {from} to {to}"
+                ))
+            };
+            let (lo, hi) = (part(self, 0), part(self, half));
+            v = self.assign(&format!("arith.{combine} {lo}, {hi} : {to}"));
+            w = half;
+        }
+        self.assign(&format!(
+            "vector.extract {v}[0] : {elem} from vector<1x{elem}>"
+        ))
     }
 
     /// Loops over every index of `shape`, the last dim 8 lanes at a time, then a scalar tail.
