@@ -173,10 +173,9 @@ impl Compiler for JitCompiler {
 }
 
 /// The buffers JIT'd code allocates (`memref.alloc`: blocks, scratch; the engine binds
-/// its `malloc`/`free` here): each thread keeps the ones its calls freed, by size, for its
-/// next call, so a kernel's buffers are not fresh pages to fault in on every call (a
-/// 512x2048 softmax faulted in 64 pages per call through `malloc`, whose heap trimming
-/// returned them in between).
+/// its `malloc`/`aligned_alloc`/`free` here): each thread keeps the `malloc` blocks its
+/// calls freed, by size, for its next call, so a kernel's buffers are not allocated (and,
+/// after the C heap trims them, faulted in) afresh on every call.
 pub mod buffers {
     use std::alloc::{alloc, dealloc, Layout};
     use std::cell::RefCell;
@@ -276,7 +275,8 @@ pub mod buffers {
     }
 
     /// `free` for JIT'd code: keeps a `malloc` block for this thread's next `malloc` of
-    /// its size (returning the oldest ones past the pool's limit).
+    /// its size (past the pool's limit, the blocks at the front of the pool go back to the
+    /// system).
     pub extern "C" fn free(ptr: *mut c_void) {
         if ptr.is_null() {
             return;
