@@ -3,6 +3,7 @@
 //! backend can be checked the same way ([`check`]).
 
 mod attention;
+pub mod chain;
 mod common;
 mod matmul;
 mod norms;
@@ -19,6 +20,7 @@ use kernel_ir::{Array, Kernel};
 pub use attention::{
     reference_backward, reference_forward, AttentionConfig, FlashAttention, FlashAttentionBwd,
 };
+pub use chain::{Chain, Source, Step};
 pub use matmul::{Matmul, MatmulConfig};
 pub use norms::{LayerNorm, NormConfig, RmsNorm};
 pub use paged_attention::{check_block_tables, PagedAttention, PagedAttentionConfig};
@@ -63,6 +65,9 @@ pub trait LibraryKernel: Sync {
     fn inputs(&self, p: &Params, seed: u64) -> Result<Vec<Array>, BoxError>;
     /// Runs the op's kernels with `exec` and returns its outputs.
     fn run(&self, p: &Params, inputs: &[Array], exec: &mut Exec) -> Result<Vec<Array>, BoxError>;
+    /// How [`Self::run`] chains the kernels for `inputs` op inputs, when it only passes
+    /// arrays between them (none for ops that compute on the host between kernels).
+    fn chain(&self, p: &Params, inputs: usize) -> Option<Chain>;
     /// The expected outputs, computed plainly in f64.
     fn reference(&self, p: &Params, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError>;
     /// Allowed error, justified by the dtype.
@@ -99,6 +104,11 @@ pub trait Op: Sync {
         }
         Ok(outputs)
     }
+    /// How `run` chains the kernels for `inputs` op inputs, for ops whose `run` only
+    /// passes arrays between kernels (none by default: single-kernel ops need no chain).
+    fn chain(_c: &Self::Config, _inputs: usize) -> Option<Chain> {
+        None
+    }
     /// The expected outputs, computed plainly in f64.
     fn reference(c: &Self::Config, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError>;
     /// Allowed error, justified by the dtype.
@@ -128,6 +138,9 @@ impl<T: Op> LibraryKernel for T {
     }
     fn run(&self, p: &Params, inputs: &[Array], exec: &mut Exec) -> Result<Vec<Array>, BoxError> {
         T::run(&T::config(p)?, inputs, exec)
+    }
+    fn chain(&self, p: &Params, inputs: usize) -> Option<Chain> {
+        T::chain(&T::config(p).ok()?, inputs)
     }
     fn reference(&self, p: &Params, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
         T::reference(&T::config(p)?, inputs)

@@ -103,3 +103,59 @@ fn bad_parameters_are_reported() {
         .to_string()
         .contains("`dtype` must be one of f32, bf16"));
 }
+
+/// Runs `chain` with the interpreter, as an executor on callers' storage would.
+fn run_chain(kernels: &[Kernel], chain: &kernels::Chain, inputs: &[Array]) -> Vec<Array> {
+    let mut outputs: Vec<Vec<Array>> = Vec::new();
+    let pick = |outputs: &[Vec<Array>], s: &kernels::Source| match *s {
+        kernels::Source::Input(i) => inputs[i].clone(),
+        kernels::Source::Output { step, index } => outputs[step][index].clone(),
+    };
+    for step in &chain.steps {
+        let ins: Vec<Array> = step.inputs.iter().map(|s| pick(&outputs, s)).collect();
+        outputs.push(interp(&kernels[step.kernel], &ins).unwrap());
+    }
+    chain.outputs.iter().map(|s| pick(&outputs, s)).collect()
+}
+
+#[test]
+fn chains_compute_what_run_computes() {
+    let k = find("flash_attention_bwd").unwrap();
+    for pairs in [
+        &[
+            ("batch", "2"),
+            ("kv_heads", "2"),
+            ("q_len", "64"),
+            ("kv_len", "96"),
+            ("block_q", "32"),
+            ("block_k", "32"),
+            ("causal", "true"),
+        ][..],
+        &[
+            ("heads", "4"),
+            ("kv_heads", "2"),
+            ("q_len", "32"),
+            ("kv_len", "32"),
+            ("block_q", "16"),
+            ("block_k", "16"),
+            ("window", "9"),
+        ],
+    ] {
+        let p = Params::with(k.params(), pairs).unwrap();
+        let kernels = k.build(&p).unwrap();
+        let mut inputs = k.inputs(&p, 3).unwrap();
+        assert!(
+            k.chain(&p, inputs.len()).is_none(),
+            "without o and lse the op runs the forward"
+        );
+        let forward = interp(&kernels[0], &inputs[..3]).unwrap();
+        inputs.extend(forward);
+        let want = k.run(&p, &inputs, &mut interp).unwrap();
+        let chain = k
+            .chain(&p, inputs.len())
+            .expect("the fused backward chains");
+        assert_eq!(run_chain(&kernels, &chain, &inputs), want, "{p}");
+    }
+    let ragged = Params::with(k.params(), &[("q_len", "70"), ("block_q", "32")]).unwrap();
+    assert!(k.chain(&ragged, 6).is_none(), "unfused backward: no chain");
+}

@@ -123,6 +123,9 @@ struct PreparedOp {
     /// The traced kernels (`None` when tracing failed: `run` reports why).
     built: Option<Vec<kernel_ir::Kernel>>,
     native: Option<runtime::native::Prepared>,
+    /// Each kernel of a multi-kernel op compiled for in-place runs (`None` where it cannot
+    /// run so), for its [`kernels::Chain`] ([`run_chain`]).
+    chained: Vec<Option<runtime::native::Prepared>>,
 }
 
 /// Prepared ops the extension remembers, at most this many (the memo then restarts).
@@ -146,22 +149,25 @@ fn prepared(
     }
     let (op, params) = tuned_op(kernel, params, requested, None)?;
     let built = op.build(&params).ok();
-    let native = match built.as_deref() {
-        Some([single])
-            if in_place_types(single)
-                && runtime::resolve(requested, single)
-                    .is_ok_and(|r| r.backend == Backend::Native) =>
-        {
-            // A kernel the JIT cannot compile runs through arrays, where `auto` falls back.
-            runtime::native::backend().prepare(single).ok()
-        }
-        _ => None,
+    // A kernel the JIT cannot compile runs through arrays, where `auto` falls back.
+    let in_place = |kernel: &kernel_ir::Kernel| {
+        let native = in_place_types(kernel)
+            && runtime::resolve(requested, kernel).is_ok_and(|r| r.backend == Backend::Native);
+        native
+            .then(|| runtime::native::backend().prepare(kernel).ok())
+            .flatten()
+    };
+    let (native, chained) = match built.as_deref() {
+        Some([single]) => (in_place(single), Vec::new()),
+        Some(several) => (None, several.iter().map(in_place).collect()),
+        None => (None, Vec::new()),
     };
     let prepared = Arc::new(PreparedOp {
         op,
         params,
         built,
         native,
+        chained,
     });
     let mut memo = memo.lock().unwrap_or_else(|e| e.into_inner());
     if memo.len() >= PREPARED_MEMO_LIMIT {
@@ -218,6 +224,110 @@ fn in_place(
             context()
         ))),
     }
+}
+
+/// Runs a multi-kernel op's [`kernels::Chain`] natively on the callers' buffers, with its
+/// intermediate arrays in host memory: no copies of the inputs or outputs. `None` (before
+/// anything ran) when the op has no chain for these inputs, a kernel cannot run in place,
+/// or a buffer is not of the type its kernel takes.
+fn run_chain(
+    prepared: &PreparedOp,
+    context: &dyn Fn() -> String,
+    inputs: &[Buffer],
+    outputs: &[Buffer],
+) -> Option<Result<String, OpError>> {
+    use kernels::Source;
+    let built = prepared.built.as_deref()?;
+    let chain = prepared.op.chain(&prepared.params, inputs.len())?;
+    if chain.outputs.len() != outputs.len() {
+        return None;
+    }
+    let kernel = |step: usize| built.get(chain.steps[step].kernel);
+    // What each step's inputs and outputs are, checked before any kernel runs.
+    let mut plans = Vec::with_capacity(chain.steps.len());
+    for (at, step) in chain.steps.iter().enumerate() {
+        let native = prepared.chained.get(step.kernel)?.as_ref()?;
+        let k = kernel(at)?;
+        let ins = step
+            .inputs
+            .iter()
+            .map(|s| match *s {
+                Source::Input(i) => inputs.get(i).cloned(),
+                Source::Output { step, index } => {
+                    let t = kernel(step)?.output_types().get(index)?.clone();
+                    Some((0, t.shape, t.dtype.name().to_string()))
+                }
+            })
+            .collect::<Option<Vec<Buffer>>>()?;
+        if !buffers_match(&ins, &k.input_types()) {
+            return None;
+        }
+        let outs: Vec<Option<usize>> = (0..k.output_types().len())
+            .map(|index| {
+                let out = Source::Output { step: at, index };
+                chain.outputs.iter().position(|s| *s == out)
+            })
+            .collect();
+        for (index, to) in outs.iter().enumerate() {
+            if let Some(&o) = to.as_ref() {
+                if !buffers_match(&outputs[o..=o], &k.output_types()[index..=index]) {
+                    return None;
+                }
+            }
+        }
+        plans.push((native, k, outs));
+    }
+    // Intermediate outputs live in words of host memory until the chain ends.
+    let mut produced: Vec<Vec<Buffer>> = Vec::with_capacity(plans.len());
+    let mut scratch: Vec<Vec<u32>> = Vec::new();
+    for ((native, k, outs), step) in plans.into_iter().zip(&chain.steps) {
+        let ins: Vec<Buffer> = step
+            .inputs
+            .iter()
+            .map(|s| match *s {
+                Source::Input(i) => inputs[i].clone(),
+                Source::Output { step, index } => produced[step][index].clone(),
+            })
+            .collect();
+        let mut step_outs = Vec::with_capacity(outs.len());
+        for (to, t) in outs.into_iter().zip(k.output_types()) {
+            step_outs.push(match to {
+                Some(o) => outputs[o].clone(),
+                None => {
+                    let bytes =
+                        t.num_elements() as usize * if t.dtype == DType::Bool { 1 } else { 4 };
+                    let words = match try_with_capacity::<u32>(
+                        || format!("{}: an intermediate array", context()),
+                        bytes.div_ceil(4) as u64,
+                    ) {
+                        Ok(mut w) => {
+                            w.resize(bytes.div_ceil(4), 0);
+                            w
+                        }
+                        Err(e) => return Some(Err(OpError::NoMemory(e.to_string()))),
+                    };
+                    let b = (
+                        words.as_ptr() as usize,
+                        t.shape.clone(),
+                        t.dtype.name().to_string(),
+                    );
+                    scratch.push(words);
+                    b
+                }
+            });
+        }
+        // SAFETY: every buffer is a live, contiguous array of its kernel's type (checked
+        // above, or allocated so); the outputs are the callers' fresh tensors or scratch.
+        let ran = in_place(context, &ins, &step_outs, |i, o| unsafe {
+            native.run_in_place(i, o)
+        });
+        if let Err(e) = ran {
+            return Some(Err(e));
+        }
+        produced.push(step_outs);
+    }
+    drop(scratch);
+    Some(Ok(Backend::Native.name().to_string()))
 }
 
 /// Whether the buffers have exactly these types.
@@ -425,6 +535,9 @@ fn run_op(
                 unsafe { native.run_in_place(ins, outs) }
             });
         }
+    }
+    if let Some(done) = run_chain(&prepared, &|| format!("{kernel} {p}"), inputs, outputs) {
+        return done;
     }
     let call = HostCall::new(format!("{kernel} {p}"), requested, inputs, outputs)?;
     call.through_arrays(|arrays| {

@@ -350,6 +350,16 @@ def test_native_f32_ops_use_the_tensors_storage_in_place(capfd, monkeypatch):
     assert "native @flash_attention_fwd: running in place" in err, err
     ops.softmax(x.to(torch.bfloat16))  # bf16 storage is not f32: copied, not in place
     assert "running in place" not in capfd.readouterr().err
+    # The backward's chain (delta, then the fused kernel) also runs on the tensors.
+    q, k, v = (torch.randn(1, h, 64, 16, requires_grad=True) for h in (4, 2, 2))
+    out = ops.flash_attention(q, k, v, is_causal=True)
+    grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    err = capfd.readouterr().err
+    assert "native @flash_attention_bwd_fused: running in place" in err, err
+    q2, k2, v2 = (t.detach().requires_grad_() for t in (q, k, v))
+    want = F.scaled_dot_product_attention(q2, k2, v2, is_causal=True, enable_gqa=True)
+    for got, exp in zip(grads, torch.autograd.grad(want, (q2, k2, v2), torch.ones_like(want))):
+        close(got, exp, torch.float32)
 
 
 TESSERA_CLI = os.path.join(os.path.dirname(__file__), "..", "..", "target", "release", "tessera")

@@ -9,7 +9,7 @@ use kernel_ir::dsl::prelude::*;
 use kernel_ir::{AllocError, Array, DimSemantics};
 
 use crate::common::{block, pid, random_array, tolerance_for, zero, zeros_f64};
-use crate::{BoxError, Exec, Op, ParamDef, Params, Tolerance, Tunable};
+use crate::{BoxError, Chain, Exec, Op, ParamDef, Params, Source, Step, Tolerance, Tunable};
 
 /// Shapes and options of an attention call. q/o are `[batch, heads, q_len, head_dim]`,
 /// k/v `[batch, kv_heads, kv_len, head_dim]`; query head `h` reads kv head
@@ -569,6 +569,33 @@ impl Op for FlashAttentionBwd {
         let mut v = c.qkv(seed)?;
         v.push(random_array(c.dtype, &c.q_type().shape, seed + 3, 1.0)?);
         Ok(v)
+    }
+
+    /// With the forward's results given (`q, k, v, do, o, lse`) and the fused kernel:
+    /// `delta` from `(o, do)`, then `(q, k, v, do, lse, delta) -> (dq, dk, dv)`.
+    fn chain(c: &Self::Config, inputs: usize) -> Option<Chain> {
+        if inputs != 6 || !c.fuses_backward() {
+            return None;
+        }
+        let delta = Source::Output { step: 0, index: 0 };
+        let grads = |index| Source::Output { step: 1, index };
+        Some(Chain {
+            steps: vec![
+                Step {
+                    kernel: 1,
+                    inputs: vec![Source::Input(4), Source::Input(3)],
+                },
+                Step {
+                    kernel: 2,
+                    inputs: [0, 1, 2, 3, 5]
+                        .map(Source::Input)
+                        .into_iter()
+                        .chain([delta])
+                        .collect(),
+                },
+            ],
+            outputs: vec![grads(0), grads(1), grads(2)],
+        })
     }
 
     /// Takes `(q, k, v, do)` and runs the forward for `o` and `lse`, or `(q, k, v, do, o,

@@ -1,0 +1,30 @@
+//! How an op's kernels feed each other, for executors that run them on the callers'
+//! storage instead of through [`crate::LibraryKernel::run`] (the torch ops do): which op
+//! input or earlier kernel output each kernel reads, and where the op's outputs come from.
+
+/// Where a kernel's input, or one of the op's outputs, comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The op's input at this position.
+    Input(usize),
+    /// Output `index` of the chain's step `step`.
+    Output { step: usize, index: usize },
+}
+
+/// One kernel run of a chain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Step {
+    /// The kernel, by its position in the op's `build`.
+    pub kernel: usize,
+    /// Where each of its inputs comes from (earlier steps only).
+    pub inputs: Vec<Source>,
+}
+
+/// An op's kernels as a chain: run the steps in order; the op's outputs are `outputs`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Chain {
+    /// The kernel runs, in order.
+    pub steps: Vec<Step>,
+    /// Where each of the op's outputs comes from (a step's output, never an input).
+    pub outputs: Vec<Source>,
+}
