@@ -242,7 +242,17 @@ fn run_chain(
     if chain.outputs.len() != outputs.len() {
         return None;
     }
-    let kernel = |step: usize| built.get(chain.steps[step].kernel);
+    let kernel = |step: usize| built.get(chain.steps.get(step)?.kernel);
+    // Every op output is some step's output, so nothing is left unwritten.
+    let produces = |s: &Source| match *s {
+        Source::Output { step, index } => {
+            kernel(step).is_some_and(|k| index < k.output_types().len())
+        }
+        Source::Input(_) => false,
+    };
+    if !chain.outputs.iter().all(produces) {
+        return None;
+    }
     // What each step's inputs and outputs are, checked before any kernel runs.
     let mut plans = Vec::with_capacity(chain.steps.len());
     for (at, step) in chain.steps.iter().enumerate() {
@@ -253,10 +263,12 @@ fn run_chain(
             .iter()
             .map(|s| match *s {
                 Source::Input(i) => inputs.get(i).cloned(),
-                Source::Output { step, index } => {
+                // Only an earlier step's output exists when this one runs.
+                Source::Output { step, index } if step < at => {
                     let t = kernel(step)?.output_types().get(index)?.clone();
                     Some((0, t.shape, t.dtype.name().to_string()))
                 }
+                Source::Output { .. } => None,
             })
             .collect::<Option<Vec<Buffer>>>()?;
         if !buffers_match(&ins, &k.input_types()) {
