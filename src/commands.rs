@@ -111,8 +111,7 @@ fn tuned_params(
     let mut p = params(k, overrides)?;
     tuning::apply_stored(k, &mut p, &tuning::named_in(overrides), |p, problem| {
         let first_kernel = || k.build(p).ok()?.into_iter().next();
-        let target = target.or_else(|| runtime::tune::target_for(requested, first_kernel))?;
-        Some(runtime::tune::lookup(k.name(), problem, target)?.config)
+        runtime::tune::stored_config(k.name(), problem, target, requested, first_kernel)
     });
     Ok(p)
 }
@@ -457,11 +456,8 @@ fn in_place_kernel(
     let [single] = kernels.as_slice() else {
         return None;
     };
-    let types = |arrays: &[Array]| arrays.iter().map(|a| a.ty().clone()).collect::<Vec<_>>();
-    if types(inputs) != single.input_types() || types(outputs) != single.output_types() {
-        return None;
-    }
-    runtime::native::backend().prepare(single).ok()
+    let prepared = runtime::native::backend().prepare(single).ok()?;
+    prepared.takes(inputs, outputs).then_some(prepared)
 }
 
 impl Timing {

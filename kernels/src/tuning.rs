@@ -108,7 +108,7 @@ pub fn apply(
 /// Applies the tuned configuration that `stored` finds for `k`'s problem, except the
 /// parameters named in `explicit`. `stored` gets the parameters before tuning and the
 /// [`problem`]; it is not called for a kernel with nothing to tune. Returns the pairs
-/// applied. The store itself lives in the runtime (`runtime::tune::lookup`); the CLI,
+/// applied. The store itself lives in the runtime (`runtime::tune::stored_config`); the CLI,
 /// the torch ops and graph mode all apply it through here.
 pub fn apply_stored(
     k: &dyn LibraryKernel,

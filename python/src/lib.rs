@@ -189,8 +189,7 @@ fn tuned_op(
     let (op, mut p) = library_op(kernel, params).map_err(OpError::Bad)?;
     tuning::apply_stored(op, &mut p, &tuning::named_in(params), |p, problem| {
         let first_kernel = || op.build(p).ok()?.into_iter().next();
-        let target = target.or_else(|| runtime::tune::target_for(requested, first_kernel))?;
-        Some(runtime::tune::lookup(op.name(), problem, target)?.config)
+        runtime::tune::stored_config(op.name(), problem, target, requested, first_kernel)
     });
     Ok((op, p))
 }
@@ -253,46 +252,50 @@ fn run_chain(
     if !chain.outputs.iter().all(produces) {
         return None;
     }
-    // What each step's inputs and outputs are, checked before any kernel runs.
+    // Every buffer and earlier output has the type its kernel takes, checked before any
+    // kernel runs; each step's outputs are the op output they are, if any.
     let mut plans = Vec::with_capacity(chain.steps.len());
     for (at, step) in chain.steps.iter().enumerate() {
         let native = prepared.chained.get(step.kernel)?.as_ref()?;
         let k = kernel(at)?;
-        let ins = step
-            .inputs
-            .iter()
-            .map(|s| match *s {
-                Source::Input(i) => inputs.get(i).cloned(),
-                // Only an earlier step's output exists when this one runs.
-                Source::Output { step, index } if step < at => {
-                    let t = kernel(step)?.output_types().get(index)?.clone();
-                    Some((0, t.shape, t.dtype.name().to_string()))
-                }
-                Source::Output { .. } => None,
-            })
-            .collect::<Option<Vec<Buffer>>>()?;
-        if !buffers_match(&ins, &k.input_types()) {
+        let in_types = k.input_types();
+        if step.inputs.len() != in_types.len() {
             return None;
         }
-        let outs: Vec<Option<usize>> = (0..k.output_types().len())
+        for (s, t) in step.inputs.iter().zip(&in_types) {
+            let fits = match *s {
+                Source::Input(i) => inputs.get(i).is_some_and(|b| {
+                    buffers_match(std::slice::from_ref(b), std::slice::from_ref(t))
+                }),
+                // Only an earlier step's output exists when this one runs.
+                Source::Output { step, index } => {
+                    step < at && kernel(step)?.output_types().get(index) == Some(t)
+                }
+            };
+            if !fits {
+                return None;
+            }
+        }
+        let out_types = k.output_types();
+        let outs: Vec<Option<usize>> = (0..out_types.len())
             .map(|index| {
                 let out = Source::Output { step: at, index };
                 chain.outputs.iter().position(|s| *s == out)
             })
             .collect();
-        for (index, to) in outs.iter().enumerate() {
+        for (to, t) in outs.iter().zip(&out_types) {
             if let Some(&o) = to.as_ref() {
-                if !buffers_match(&outputs[o..=o], &k.output_types()[index..=index]) {
+                if !buffers_match(&outputs[o..=o], std::slice::from_ref(t)) {
                     return None;
                 }
             }
         }
-        plans.push((native, k, outs));
+        plans.push((native, out_types, outs));
     }
     // Intermediate outputs live in words of host memory until the chain ends.
     let mut produced: Vec<Vec<Buffer>> = Vec::with_capacity(plans.len());
     let mut scratch: Vec<Vec<u32>> = Vec::new();
-    for ((native, k, outs), step) in plans.into_iter().zip(&chain.steps) {
+    for ((native, out_types, outs), step) in plans.into_iter().zip(&chain.steps) {
         let ins: Vec<Buffer> = step
             .inputs
             .iter()
@@ -302,18 +305,18 @@ fn run_chain(
             })
             .collect();
         let mut step_outs = Vec::with_capacity(outs.len());
-        for (to, t) in outs.into_iter().zip(k.output_types()) {
+        for (to, t) in outs.into_iter().zip(out_types) {
             step_outs.push(match to {
                 Some(o) => outputs[o].clone(),
                 None => {
-                    let bytes =
-                        t.num_elements() as usize * if t.dtype == DType::Bool { 1 } else { 4 };
+                    // In-place types are f32, i32 (4 bytes) and bool (1 byte).
+                    let words = t.byte_size().unwrap_or(u64::MAX).div_ceil(4);
                     let words = match try_with_capacity::<u32>(
                         || format!("{}: an intermediate array", context()),
-                        bytes.div_ceil(4) as u64,
+                        words,
                     ) {
                         Ok(mut w) => {
-                            w.resize(bytes.div_ceil(4), 0);
+                            w.resize(words as usize, 0);
                             w
                         }
                         Err(e) => return Some(Err(OpError::NoMemory(e.to_string()))),

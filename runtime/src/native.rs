@@ -471,10 +471,7 @@ impl Prepared {
     /// and output types, the outputs reused across calls as the torch ops reuse
     /// PyTorch's memory (what `tessera bench` times for single-kernel native runs).
     pub fn run_on(&self, inputs: &[Array], outputs: &mut [Array]) -> Result<(), crate::Error> {
-        let types = |arrays: &[Array]| arrays.iter().map(|a| a.ty().clone()).collect::<Vec<_>>();
-        if types(inputs) != self.kernel.input_types()
-            || types(outputs) != self.kernel.output_types()
-        {
+        if !self.takes(inputs, outputs) {
             return Err(crate::Error::Native(format!(
                 "@{}: the arrays are not of the kernel's input and output types",
                 self.kernel.name
@@ -488,6 +485,13 @@ impl Prepared {
         // SAFETY: each array owns a whole buffer of its (checked) type; the outputs are
         // borrowed mutably, so they overlap nothing.
         unsafe { self.run_in_place(&ins, &outs) }
+    }
+
+    /// Whether `inputs` and `outputs` are of the kernel's input and output types (what
+    /// [`Self::run_on`] takes).
+    pub fn takes(&self, inputs: &[Array], outputs: &[Array]) -> bool {
+        let types = |arrays: &[Array]| arrays.iter().map(|a| a.ty().clone()).collect::<Vec<_>>();
+        types(inputs) == self.kernel.input_types() && types(outputs) == self.kernel.output_types()
     }
 
     /// Runs the kernel on caller-owned storage, as [`Native::run_in_place`].

@@ -54,7 +54,7 @@ impl TuneTarget {
 
 /// The target whose tuned configurations apply to a run on `requested`: `auto` is the
 /// backend that would run the op's first kernel (`first_kernel`, built only then).
-pub fn target_for(
+fn target_for(
     requested: Backend,
     first_kernel: impl FnOnce() -> Option<kernel_ir::Kernel>,
 ) -> Option<TuneTarget> {
@@ -388,6 +388,21 @@ pub fn lookup(kernel: &str, problem: &str, target: TuneTarget) -> Option<Tuned> 
             None
         }
     }
+}
+
+/// The stored config (`name=value` pairs) for `kernel`'s `problem` on `target`, or, for
+/// `None`, on the target of the backend `requested` resolves to (`first_kernel` builds the
+/// op's first kernel, only for `auto`): what the CLI, the torch ops and graph mode apply
+/// through `kernels::tuning::apply_stored`.
+pub fn stored_config(
+    kernel: &str,
+    problem: &str,
+    target: Option<TuneTarget>,
+    requested: Backend,
+    first_kernel: impl FnOnce() -> Option<kernel_ir::Kernel>,
+) -> Option<Vec<(String, String)>> {
+    let target = target.or_else(|| target_for(requested, first_kernel))?;
+    Some(lookup(kernel, problem, target)?.config)
 }
 
 #[cfg(test)]
