@@ -396,11 +396,11 @@ def test_small_kernels_run_on_the_calling_thread(capfd, monkeypatch):
     # caller runs the whole grid; larger ones are split across the cores.
     monkeypatch.setenv("TESSERA_LOG", "debug")
     ops.softmax(torch.randn(64, 256))
-    assert "native @softmax: on the calling thread" in capfd.readouterr().err
+    assert re.search(r"native @softmax: .*on the calling thread", capfd.readouterr().err)
     ops.softmax(torch.randn(1024, 512))
     err = capfd.readouterr().err
     if len(os.sched_getaffinity(0)) > 1:
-        assert re.search(r"native @softmax: on \d+ threads", err), err
+        assert re.search(r"native @softmax: .*on \d+ threads", err), err
 
 
 def test_torch_compile_fullgraph():

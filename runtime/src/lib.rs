@@ -89,14 +89,21 @@ fn native_unavailable(kernel: &Kernel) -> Option<String> {
 }
 
 /// The vector registers the native backend compiles for: `$TESSERA_NATIVE_REGISTERS`
-/// (`avx2` or `avx512`) when set, else this CPU's own. Either runs on any x86-64 host
-/// (wider vectors are split); the host's own is fastest.
+/// (`avx2` or `avx512`, the latter only where the CPU has AVX-512F) when set, else this
+/// CPU's own.
 pub fn native_registers() -> Result<lowering::cpu::Registers, String> {
     use lowering::cpu::Registers;
-    match std::env::var("TESSERA_NATIVE_REGISTERS") {
-        Ok(name) => Registers::named(&name)
-            .ok_or_else(|| format!("TESSERA_NATIVE_REGISTERS={name}: expected avx2 or avx512")),
-        Err(_) => Ok(Registers::host()),
+    let Ok(name) = std::env::var("TESSERA_NATIVE_REGISTERS") else {
+        return Ok(Registers::host());
+    };
+    match Registers::named(&name) {
+        Some(r) if r.runs_here() => Ok(r),
+        Some(_) => Err(format!(
+            "TESSERA_NATIVE_REGISTERS={name}: this CPU has no AVX-512F"
+        )),
+        None => Err(format!(
+            "TESSERA_NATIVE_REGISTERS={name}: expected avx2 or avx512"
+        )),
     }
 }
 

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, Once, OnceLock};
 use std::time::Instant;
 
 use kernel_ir::ops::format_debug_print;
-use kernel_ir::{try_vec, Array, ArrayData, DType, Kernel, RefKind, RunError};
+use kernel_ir::{try_vec, Array, ArrayData, DType, Kernel, RefKind, RunError, TensorType};
 use lowering::cpu::{CpuModule, DebugPrintSite, Registers};
 use lowering::Lowering;
 use melior::dialect::DialectRegistry;
@@ -31,7 +31,7 @@ use crate::debug;
 
 /// Upstream MLIR (func/scf/vector/arith/math/memref) down to the LLVM dialect.
 const PIPELINE: &str = "builtin.module(arith-expand,convert-scf-to-cf,\
-    convert-vector-to-llvm,convert-math-to-llvm,convert-math-to-libm,\
+    convert-vector-to-llvm{enable-x86vector},convert-math-to-llvm,convert-math-to-libm,\
     expand-strided-metadata,lower-affine,finalize-memref-to-llvm,convert-arith-to-llvm,\
     convert-index-to-llvm,convert-cf-to-llvm,convert-func-to-llvm,convert-ub-to-llvm,\
     reconcile-unrealized-casts)";
@@ -393,9 +393,14 @@ pub fn backend() -> &'static Native {
 
 impl Native {
     /// A backend of its own that compiles for `registers` (tests compare the two widths
-    /// on one host; [`backend`] is the one to use).
+    /// on one host; [`backend`] is the one to use): unavailable where they do not run
+    /// ([`Registers::runs_here`]).
     pub fn for_registers(registers: Registers) -> Native {
-        Native::with(Ok(registers))
+        Native::with(if registers.runs_here() {
+            Ok(registers)
+        } else {
+            Err(format!("this CPU has no {} registers", registers.name()))
+        })
     }
 
     fn with(registers: Result<Registers, String>) -> Native {
@@ -452,18 +457,26 @@ fn byte_shape(shape: &[u64], dtype: DType) -> Vec<u64> {
     s
 }
 
-/// The words of a memref descriptor: allocated and aligned pointer, offset, sizes, strides.
-fn descriptor(ptr: *mut c_void, shape: &[u64]) -> Vec<u64> {
-    let mut d = vec![ptr as u64, ptr as u64, 0];
-    d.extend(shape.iter().copied());
-    d.extend(kernel_ir::row_major_strides(shape));
-    d
+/// Appends the words of a memref descriptor: allocated and aligned pointer, offset, sizes,
+/// row-major strides.
+fn push_descriptor(words: &mut Vec<u64>, ptr: *mut c_void, shape: &[u64]) {
+    words.extend([ptr as u64, ptr as u64, 0]);
+    words.extend(shape.iter().copied());
+    let strides_at = words.len();
+    let mut stride = 1;
+    for &d in shape.iter().rev() {
+        words.push(stride);
+        stride *= d;
+    }
+    words[strides_at..].reverse();
 }
 
-/// A kernel compiled for in-place runs ([`Native::prepare`]).
+/// A kernel compiled for in-place runs ([`Native::prepare`]), with its I/O types.
 pub struct Prepared {
     kernel: Kernel,
     compiled: Compiled,
+    input_types: Vec<TensorType>,
+    output_types: Vec<TensorType>,
 }
 
 impl Prepared {
@@ -490,8 +503,20 @@ impl Prepared {
     /// Whether `inputs` and `outputs` are of the kernel's input and output types (what
     /// [`Self::run_on`] takes).
     pub fn takes(&self, inputs: &[Array], outputs: &[Array]) -> bool {
-        let types = |arrays: &[Array]| arrays.iter().map(|a| a.ty().clone()).collect::<Vec<_>>();
-        types(inputs) == self.kernel.input_types() && types(outputs) == self.kernel.output_types()
+        let same = |arrays: &[Array], types: &[TensorType]| {
+            arrays.len() == types.len() && arrays.iter().zip(types).all(|(a, t)| a.ty() == t)
+        };
+        same(inputs, &self.input_types) && same(outputs, &self.output_types)
+    }
+
+    /// The kernel's input types.
+    pub fn input_types(&self) -> &[TensorType] {
+        &self.input_types
+    }
+
+    /// The kernel's output types.
+    pub fn output_types(&self) -> &[TensorType] {
+        &self.output_types
     }
 
     /// Runs the kernel on caller-owned storage, as [`Native::run_in_place`].
@@ -504,34 +529,35 @@ impl Prepared {
         outputs: &[*mut c_void],
     ) -> Result<(), crate::Error> {
         let kernel = &self.kernel;
-        if inputs.len() != kernel.input_types().len()
-            || outputs.len() != kernel.output_types().len()
-        {
+        if inputs.len() != self.input_types.len() || outputs.len() != self.output_types.len() {
             return Err(crate::Error::Native(format!(
                 "@{} takes {} inputs and {} outputs, got {} and {} buffers",
                 kernel.name,
-                kernel.input_types().len(),
-                kernel.output_types().len(),
+                self.input_types.len(),
+                self.output_types.len(),
                 inputs.len(),
                 outputs.len()
             )));
         }
         // The JIT'd code mallocs scratch and block buffers, which cannot fail cleanly.
         kernel_ir::check_allocatable(kernel)?;
-        debug(|| {
-            format!(
-                "native @{}: running in place on the caller's buffers",
-                kernel.name
-            )
-        });
         let (module, exe) = &*self.compiled;
         // SAFETY: the caller vouches for the buffers; counts and dtypes are checked.
-        unsafe { execute_raw(kernel, module, exe, inputs, outputs) }
+        unsafe {
+            execute_raw(
+                kernel,
+                module,
+                exe,
+                "running in place on the caller's buffers, ",
+                inputs,
+                outputs,
+            )
+        }
     }
 }
 
 /// Argument words shared by the worker threads.
-struct Args(Vec<Vec<u64>>);
+struct Args(Vec<u64>);
 // SAFETY: the words hold pointers into buffers that outlive the scoped threads; workers
 // write disjoint blocks of the outputs (parallel programs never share an output block).
 unsafe impl Sync for Args {}
@@ -573,13 +599,10 @@ impl Native {
     /// Compiles `kernel` (or finds it in the cache) for [`Prepared::run_in_place`], which
     /// callers that run one kernel many times keep to skip the lookups.
     pub fn prepare(&self, kernel: &Kernel) -> Result<Prepared, crate::Error> {
-        let types: Vec<_> = kernel
-            .input_types()
-            .into_iter()
-            .chain(kernel.output_types())
-            .collect();
-        if let Some(t) = types
+        let (input_types, output_types) = (kernel.input_types(), kernel.output_types());
+        if let Some(t) = input_types
             .iter()
+            .chain(&output_types)
             .find(|t| matches!(t.dtype, DType::BF16 | DType::F16))
         {
             return Err(crate::Error::Native(format!(
@@ -589,6 +612,8 @@ impl Native {
         Ok(Prepared {
             compiled: self.compile(kernel)?,
             kernel: kernel.clone(),
+            input_types,
+            output_types,
         })
     }
 
@@ -658,7 +683,7 @@ fn execute(
         .collect();
     // SAFETY: check_inputs matched every input to its type; outputs were just allocated
     // with their types' sizes.
-    unsafe { execute_raw(kernel, module, exe, &input_ptrs, &output_ptrs) }?;
+    unsafe { execute_raw(kernel, module, exe, "", &input_ptrs, &output_ptrs) }?;
     Ok(outputs)
 }
 
@@ -706,6 +731,7 @@ fn zigzag(w: u64, workers: u64) -> [(u64, u64); 2] {
 /// the kernel's I/O types), through padded copies where an array is not a whole number
 /// of blocks. A dynamic index that left its block is reported as an error (the access
 /// was redirected inside the block, so no memory outside the arrays was touched).
+/// `how` starts the debug line that says where it ran.
 ///
 /// # Safety
 /// Each pointer addresses a whole array of its ref's type; outputs overlap nothing.
@@ -713,6 +739,7 @@ unsafe fn execute_raw(
     kernel: &Kernel,
     module: &CpuModule,
     exe: &Jitted,
+    how: &str,
     inputs: &[*const c_void],
     outputs: &[*mut c_void],
 ) -> Result<(), crate::Error> {
@@ -730,17 +757,13 @@ unsafe fn execute_raw(
             .collect();
         kernel_ir::check_scalar_prefetch(kernel, &prefetch)?;
     }
-    let io: Vec<_> = kernel
-        .refs
-        .iter()
-        .filter(|r| r.kind != RefKind::Scratch)
-        .collect();
+    let io = kernel.refs.iter().filter(|r| r.kind != RefKind::Scratch);
     // Padded copies (u32 words, so f32/i32 stay aligned) and where outputs go back.
     let mut copies: Vec<Vec<u32>> = Vec::new();
-    let mut ptrs = Vec::with_capacity(io.len());
+    let mut ptrs = Vec::with_capacity(module.padded_shapes.len());
     let mut unpad = Vec::new();
     let (mut ins, mut outs) = (inputs.iter(), outputs.iter());
-    for (decl, padded) in io.iter().zip(&module.padded_shapes) {
+    for (decl, padded) in io.zip(&module.padded_shapes) {
         let user = match decl.kind {
             RefKind::Input => *ins.next().expect("one pointer per input") as *mut c_void,
             _ => *outs.next().expect("one pointer per output"),
@@ -772,31 +795,29 @@ unsafe fn execute_raw(
     }
     let workers = workers(module);
     debug(|| {
-        let how = if workers == 1 {
+        let threads = if workers == 1 {
             "on the calling thread".to_string()
         } else {
             format!("on {workers} threads")
         };
-        format!("native @{}: {how}", kernel.name)
+        format!("native @{}: {how}{threads}", kernel.name)
     });
     let mut fault = [0u32; 1];
-    let mut descriptors: Vec<Vec<u64>> = ptrs
-        .iter()
-        .zip(&module.padded_shapes)
-        .map(|(&p, shape)| descriptor(p, shape))
-        .collect();
-    descriptors.push(descriptor(fault.as_mut_ptr() as *mut c_void, &[1]));
-    let args = Args(descriptors);
-    let arg_words = 4 + args.0.iter().map(Vec::len).sum::<usize>();
+    // Every descriptor's words, one after another (the fault word's last).
+    let descriptor_words: usize = module.padded_shapes.iter().map(|s| 3 + 2 * s.len()).sum();
+    let mut words = Vec::with_capacity(descriptor_words + 5);
+    for (&p, shape) in ptrs.iter().zip(&module.padded_shapes) {
+        push_descriptor(&mut words, p, shape);
+    }
+    push_descriptor(&mut words, fault.as_mut_ptr() as *mut c_void, &[1]);
+    let args = Args(words);
     let run_strided = |first: u64, step: u64| {
-        let mut words = [first, module.parallel_programs, step];
-        let mut ptrs: Vec<*mut c_void> = Vec::with_capacity(arg_words);
-        ptrs.extend(words.iter_mut().map(|w| w as *mut u64 as *mut c_void));
+        let mut indices = [first, module.parallel_programs, step];
+        let mut ptrs: Vec<*mut c_void> = Vec::with_capacity(indices.len() + args.0.len() + 1);
+        ptrs.extend(indices.iter_mut().map(|w| w as *mut u64 as *mut c_void));
         // The packed entry only reads through these pointers: the workers share the
         // descriptor words.
-        for d in &args.0 {
-            ptrs.extend(d.iter().map(|w| w as *const u64 as *mut c_void));
-        }
+        ptrs.extend(args.0.iter().map(|w| w as *const u64 as *mut c_void));
         let mut context = &module.debug_prints as *const Vec<DebugPrintSite> as u64;
         if !module.debug_prints.is_empty() {
             ptrs.push(&mut context as *mut u64 as *mut c_void);

@@ -227,20 +227,32 @@ impl<'k> Emitter<'k> {
     }
 
     /// `exp` as a degree-6 polynomial on `x - n ln2` scaled by `2^n` (Cephes `expf`):
-    /// relative error about 1e-7. The input is clamped so that `n` lies in [-127, 128],
-    /// where the exponent bits of `2^n` are 0 (the result is 0, so `-inf` gives 0) and
-    /// 255 (`+inf`); the clamps are `select`s that x86 does in one `vminps`/`vmaxps`.
-    /// NaN passes through.
+    /// relative error about 1e-7. NaN passes through.
+    ///
+    /// On AVX-512, full registers scale with one `vscalefps`, the input clamped to
+    /// [-160 ln2, 128 ln2]: the ends give 0 (so `-inf` gives 0) and `+inf`, values in
+    /// between denormals. The clamps are `select`s that x86 does in one `vminps`/`vmaxps`
+    /// ordered so that NaN passes through them. Elsewhere `2^n` is built from exponent
+    /// bits, `n` clamped to [-127, 128] (bits 0 give 0, 255 give `+inf`), and NaN, which
+    /// the clamps turn into a number there, is selected back.
     fn exp(&mut self, x: &str, width: u64) -> String {
         let t = lanes_of("f32", width);
-        let ti = lanes_of("i32", width);
         let c = |e: &mut Self, v: f64| e.literal(DType::F32, v, width);
-        let (hi, lo) = (c(self, 128.0 * LN_2), c(self, -127.0 * LN_2));
+        let scalef = self.registers == Registers::Avx512 && width == self.registers.lanes();
         let st = select_type(width, &t);
-        let below = self.assign(&format!("arith.cmpf olt, {x}, {hi} : {t}"));
-        let clamped = self.assign(&format!("arith.select {below}, {x}, {hi} : {st}"));
-        let above = self.assign(&format!("arith.cmpf ogt, {clamped}, {lo} : {t}"));
-        let clamped = self.assign(&format!("arith.select {above}, {clamped}, {lo} : {st}"));
+        let clamped = if scalef {
+            let (hi, lo) = (c(self, 128.0 * LN_2), c(self, -160.0 * LN_2));
+            let above = self.assign(&format!("arith.cmpf ogt, {x}, {hi} : {t}"));
+            let clamped = self.assign(&format!("arith.select {above}, {hi}, {x} : {st}"));
+            let below = self.assign(&format!("arith.cmpf olt, {clamped}, {lo} : {t}"));
+            self.assign(&format!("arith.select {below}, {lo}, {clamped} : {st}"))
+        } else {
+            let (hi, lo) = (c(self, 128.0 * LN_2), c(self, -127.0 * LN_2));
+            let below = self.assign(&format!("arith.cmpf olt, {x}, {hi} : {t}"));
+            let clamped = self.assign(&format!("arith.select {below}, {x}, {hi} : {st}"));
+            let above = self.assign(&format!("arith.cmpf ogt, {clamped}, {lo} : {t}"));
+            self.assign(&format!("arith.select {above}, {clamped}, {lo} : {st}"))
+        };
         let log2e = c(self, std::f64::consts::LOG2_E);
         let scaled = self.assign(&format!("arith.mulf {clamped}, {log2e} : {t}"));
         let n = self.assign(&format!("math.roundeven {scaled} : {t}"));
@@ -264,6 +276,14 @@ impl<'k> Emitter<'k> {
         let p = self.assign(&format!("math.fma {p}, {r2}, {r} : {t}"));
         let one = c(self, 1.0);
         let p = self.assign(&format!("arith.addf {p}, {one} : {t}"));
+        if scalef {
+            // Every lane (mask -1), the current rounding mode (4).
+            let (all, rounding) = (self.constant("-1", "i16"), self.constant("4", "i32"));
+            return self.assign(&format!(
+                "x86vector.avx512.mask.scalef {p}, {n}, {p}, {all}, {rounding} : {t}"
+            ));
+        }
+        let ti = lanes_of("i32", width);
         let ni = self.assign(&format!("arith.fptosi {n} : {t} to {ti}"));
         let bias = self.literal(DType::I32, 127.0, width);
         let e = self.assign(&format!("arith.addi {ni}, {bias} : {ti}"));

@@ -389,9 +389,9 @@ impl<'k> Emitter<'k> {
             opened += 1;
         }
         let last = xt.shape[rank - 1];
-        let main = last / LANES * LANES;
-        let vt = lanes_of(elem, LANES);
-        let vinit = self.literal(xt.dtype, identity, LANES);
+        let main = last / WIDE * WIDE;
+        let vt = lanes_of(elem, WIDE);
+        let vinit = self.literal(xt.dtype, identity, WIDE);
         let sinit = self.literal(xt.dtype, identity, 1);
         let outer_reduced: Vec<usize> = axes.iter().copied().filter(|&d| d != rank - 1).collect();
         // Nested loops over the other reduced dims carry (vector acc, scalar acc).
@@ -413,10 +413,10 @@ impl<'k> Emitter<'k> {
         }
         let (mut vacc, mut sacc) = accs.clone();
         // Independent accumulators hide the latency of the combining op.
-        let unrolled = last / (LANES * REDUCE_ACCUMULATORS) * LANES * REDUCE_ACCUMULATORS;
+        let unrolled = last / (WIDE * REDUCE_ACCUMULATORS) * WIDE * REDUCE_ACCUMULATORS;
         let segments = [
-            (0, unrolled, LANES, REDUCE_ACCUMULATORS),
-            (unrolled, main, LANES, 1),
+            (0, unrolled, WIDE, REDUCE_ACCUMULATORS),
+            (unrolled, main, WIDE, 1),
             (main, last, 1, 1),
         ];
         for (lo, hi, width, count) in segments {
@@ -477,7 +477,7 @@ impl<'k> Emitter<'k> {
             vacc = format!("{res}#0");
             sacc = format!("{res}#1");
         }
-        let total = self.reduce_partials(&[(vacc, LANES), (sacc, 1)], combine, kind, elem);
+        let total = self.reduce_partials(&[(vacc, WIDE), (sacc, 1)], combine, kind, elem);
         let total = self.round(ty.dtype, &total, 1);
         match out {
             Some(out) => {

@@ -54,9 +54,9 @@ const REDUCE_ACCUMULATORS: u64 = 4;
 /// Vectors per row of the dot micro-kernel's register tile.
 const TILE_VECTORS: u64 = 2;
 
-/// The vector registers the code is for: they size the dot micro-kernel's register tile.
-/// Code for either runs on any x86-64 LLVM targets (wider vectors are split in two);
-/// the host's own is fastest.
+/// The vector registers the code is for: they size the dot micro-kernel's register tile,
+/// and AVX-512 code may use AVX-512F instructions (`vscalefps` in `exp`), so it runs only
+/// on hosts that have them ([`Registers::runs_here`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Registers {
     /// 16 registers of 8 f32 lanes.
@@ -85,6 +85,11 @@ impl Registers {
             return Registers::Avx512;
         }
         Registers::Avx2
+    }
+
+    /// Whether code for these registers runs on this CPU.
+    pub fn runs_here(self) -> bool {
+        self == Registers::Avx2 || Registers::host() == Registers::Avx512
     }
 
     /// The registers called `name` ([`Registers::name`]).
