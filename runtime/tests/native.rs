@@ -30,7 +30,7 @@ fn unary_kernel(shape: [u64; 2], f: fn(Tensor) -> Tensor) -> kernel_ir::Kernel {
 #[test]
 fn exp_matches_libm_over_the_whole_f32_range() {
     // Rows of 16 lanes (`vscalefps` on AVX-512) and of 8 + 1 (exponent bits), for every
-    // register width this CPU runs.
+    // register width this CPU runs. Results under about 2e-38 are flushed to 0.
     let mut xs = vec![
         f32::NEG_INFINITY,
         f32::INFINITY,
@@ -61,7 +61,8 @@ fn exp_matches_libm_over_the_whole_f32_range() {
                 let want = x.exp();
                 let ok = if want.is_nan() {
                     y.is_nan()
-                } else if *x == f32::NEG_INFINITY {
+                } else if *x < -88.1 {
+                    // Flushed to 0, never a denormal (each costs a microcode assist).
                     *y == 0.0
                 } else if want.is_infinite() || *x > 88.0 {
                     *y == want || (*y - want).abs() <= 2e-6 * want

@@ -3,6 +3,10 @@
 
 use super::*;
 
+/// `n` below which AVX-512's `exp` gives 0 (`2^n` times the polynomial stays a normal
+/// number from here up; exp there is under 2.4e-38).
+const SCALEF_FLOOR: f64 = -125.0;
+
 impl<'k> Emitter<'k> {
     pub(super) fn elementwise(
         &mut self,
@@ -230,18 +234,20 @@ impl<'k> Emitter<'k> {
     /// relative error about 1e-7. NaN passes through.
     ///
     /// On AVX-512, full registers scale with one `vscalefps`, the input clamped to
-    /// [-160 ln2, 128 ln2]: the ends give 0 (so `-inf` gives 0) and `+inf`, values in
-    /// between denormals. The clamps are `select`s that x86 does in one `vminps`/`vmaxps`
-    /// ordered so that NaN passes through them. Elsewhere `2^n` is built from exponent
-    /// bits, `n` clamped to [-127, 128] (bits 0 give 0, 255 give `+inf`), and NaN, which
-    /// the clamps turn into a number there, is selected back.
+    /// [[`SCALEF_FLOOR`] ln2, 128 ln2] (`+inf` at the top) and results below the floor
+    /// selected to 0 (`-inf` gives 0): `vscalefps` never makes a denormal, which would
+    /// cost a microcode assist per lane (masked attention scores doubled the kernel's
+    /// time). The clamps are `select`s that x86 does in one `vminps`/`vmaxps`, ordered
+    /// so that NaN passes through them. Elsewhere `2^n` is built from exponent bits, `n`
+    /// clamped to [-127, 128] (bits 0 give 0, 255 give `+inf`), and NaN, which the
+    /// clamps turn into a number there, is selected back.
     fn exp(&mut self, x: &str, width: u64) -> String {
         let t = lanes_of("f32", width);
         let c = |e: &mut Self, v: f64| e.literal(DType::F32, v, width);
         let scalef = self.registers == Registers::Avx512 && width == self.registers.lanes();
         let st = select_type(width, &t);
         let clamped = if scalef {
-            let (hi, lo) = (c(self, 128.0 * LN_2), c(self, -160.0 * LN_2));
+            let (hi, lo) = (c(self, 128.0 * LN_2), c(self, SCALEF_FLOOR * LN_2));
             let above = self.assign(&format!("arith.cmpf ogt, {x}, {hi} : {t}"));
             let clamped = self.assign(&format!("arith.select {above}, {hi}, {x} : {st}"));
             let below = self.assign(&format!("arith.cmpf olt, {clamped}, {lo} : {t}"));
@@ -279,9 +285,12 @@ impl<'k> Emitter<'k> {
         if scalef {
             // Every lane (mask -1), the current rounding mode (4).
             let (all, rounding) = (self.constant("-1", "i16"), self.constant("4", "i32"));
-            return self.assign(&format!(
+            let y = self.assign(&format!(
                 "x86vector.avx512.mask.scalef {p}, {n}, {p}, {all}, {rounding} : {t}"
             ));
+            let (floor, zero) = (c(self, SCALEF_FLOOR * LN_2), c(self, 0.0));
+            let tiny = self.assign(&format!("arith.cmpf olt, {x}, {floor} : {t}"));
+            return self.assign(&format!("arith.select {tiny}, {zero}, {y} : {st}"));
         }
         let ti = lanes_of("i32", width);
         let ni = self.assign(&format!("arith.fptosi {n} : {t} to {ti}"));
