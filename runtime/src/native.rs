@@ -176,6 +176,8 @@ impl Compiler for JitCompiler {
 /// its `malloc`/`aligned_alloc`/`free` here): each thread keeps the `malloc` blocks its
 /// calls freed, by size, for its next call, so a kernel's buffers are not allocated (and,
 /// after the C heap trims them, faulted in) afresh on every call.
+mod crew;
+
 pub mod buffers {
     use std::alloc::{alloc, dealloc, Layout};
     use std::cell::RefCell;
@@ -697,15 +699,15 @@ fn data_ptr(d: &ArrayData) -> *const c_void {
 }
 
 /// Kernels that move fewer bytes than this run on the calling thread: handing work to a
-/// pool thread costs more than it saves (measured on 2 cores: a softmax of 64x256 f32,
-/// ~10 µs of work, took ~50 µs more per call when split). Kernels with dots split from
-/// [`SERIAL_DOT_BYTES`].
+/// helper costs more than it saves when the helper has parked (measured on 2 cores with
+/// rayon's pool: a softmax of 64x256 f32, ~10 µs of work, took ~50 µs more per call when
+/// split). Kernels with dots split from [`SERIAL_DOT_BYTES`].
 const SERIAL_BYTES: u64 = 256 << 10;
 /// The threshold of [`SERIAL_BYTES`] for kernels that contain a dot (more work per byte).
 const SERIAL_DOT_BYTES: u64 = 16 << 10;
 
-/// How many threads run the grid: all of the pool's, at most one per parallel program,
-/// and one for kernels too small to split.
+/// How many threads run the grid: one per core ([`crew`]), at most one per parallel
+/// program, and one for kernels too small to split.
 fn workers(module: &CpuModule) -> usize {
     let bytes = module.io_bytes;
     let threshold = if module.has_dot {
@@ -716,7 +718,7 @@ fn workers(module: &CpuModule) -> usize {
     if bytes < threshold {
         return 1;
     }
-    rayon::current_num_threads().min(module.parallel_programs.max(1) as usize)
+    crew::cores().min(module.parallel_programs.max(1) as usize)
 }
 
 /// The programs worker `w` of `workers` runs, as two `(first, step)` strides: programs are
@@ -835,14 +837,7 @@ unsafe fn execute_raw(
     if workers == 1 {
         run_strided(0, 1);
     } else {
-        // The calling thread takes worker 0's share (a plain `scope` would hand all of it
-        // to the pool and sleep until the pool is done).
-        rayon::in_place_scope(|s| {
-            for w in 1..workers {
-                s.spawn(move |_| run(w));
-            }
-            run(0);
-        });
+        crew::run_shares(workers, &run);
     }
     for (i, user, small, big, small_len, big_len) in unpad {
         let src = unsafe { std::slice::from_raw_parts(copies[i].as_ptr() as *const u8, big_len) };
