@@ -21,11 +21,13 @@ const READY: u8 = 1;
 const DONE: u8 = 2;
 const PANICKED: u8 = 3;
 
-/// One helper's mailbox: the share to run (worker index and the job, borrowed for the
-/// call) and its state.
+/// A call's shares: run with a worker index (borrowed for the call; see [`run_shares`]).
+type Job = &'static (dyn Fn(usize) + Sync);
+
+/// One helper's mailbox: the share to run (worker index and job) and its state.
 struct Slot {
     state: AtomicU8,
-    job: Mutex<Option<(usize, &'static (dyn Fn(usize) + Sync))>>,
+    job: Mutex<Option<(usize, Job)>>,
 }
 
 /// The helpers, each with its slot and thread handle.
@@ -97,7 +99,7 @@ pub(super) fn run_shares(workers: usize, run: &(dyn Fn(usize) + Sync)) {
     };
     // SAFETY: the helpers drop the job before reporting DONE/PANICKED, and this function
     // returns only after every one has reported, so the borrow outlives every use.
-    let job: &'static (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(run) };
+    let job: Job = unsafe { std::mem::transmute(run) };
     for (i, (slot, thread)) in helpers.iter().enumerate() {
         *slot.job.lock().unwrap_or_else(|e| e.into_inner()) = Some((i + 1, job));
         slot.state.store(READY, Ordering::Release);
