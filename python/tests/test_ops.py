@@ -2,6 +2,7 @@
 
 import math
 import os
+import time
 import re
 import subprocess
 import sys
@@ -389,6 +390,25 @@ def test_torch_ops_run_with_the_blocks_tessera_tune_stored(tmp_path):
     corrupt = run()
     assert corrupt.returncode == 0, "a corrupt entry must not fail an op"
     assert "warning: tessera tune:" in corrupt.stderr, corrupt.stderr
+
+
+def test_large_kernels_run_in_a_forked_child():
+    # The helper threads that split large grids do not exist in a child forked after
+    # they started (as DataLoader workers are): the child runs the whole grid itself.
+    x = torch.randn(1024, 512)
+    want = ops.softmax(x)  # starts the helpers
+    pid = os.fork()
+    if pid == 0:
+        ok = torch.equal(ops.softmax(x), want)
+        os._exit(0 if ok else 1)
+    deadline = time.monotonic() + 60
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung")
+        time.sleep(0.05)
+    assert os.waitstatus_to_exitcode(done[1]) == 0
 
 
 def test_small_kernels_run_on_the_calling_thread(capfd, monkeypatch):

@@ -33,6 +33,8 @@ struct Slot {
 /// The helpers, each with its slot and thread handle.
 struct Crew {
     helpers: Vec<(Arc<Slot>, Thread)>,
+    /// The process that started them: a child forked from it has none of its threads.
+    pid: u32,
     /// Held by the caller whose shares the helpers run (another caller runs its shares
     /// itself meanwhile).
     busy: Mutex<()>,
@@ -62,6 +64,7 @@ fn crew() -> &'static Crew {
             .collect();
         Crew {
             helpers,
+            pid: std::process::id(),
             busy: Mutex::new(()),
         }
     })
@@ -87,11 +90,14 @@ fn serve(slot: &Slot) {
 }
 
 /// Runs `run(w)` for every worker `w` in `0..workers`: worker 0 on the calling thread, the
-/// others on helpers (on the calling thread too when there are fewer helpers, or they
-/// serve another call). Returns when all are done; a share that panicked panics here.
+/// others on helpers (on the calling thread too when there are fewer helpers, they serve
+/// another call, or this is a forked child, which has no helpers). Returns when all are
+/// done; a share that panicked panics here.
 pub(super) fn run_shares(workers: usize, run: &(dyn Fn(usize) + Sync)) {
     let crew = crew();
-    let guard = crew.busy.try_lock().ok();
+    let guard = (crew.pid == std::process::id())
+        .then(|| crew.busy.try_lock().ok())
+        .flatten();
     let helpers = if guard.is_some() {
         &crew.helpers[..crew.helpers.len().min(workers.saturating_sub(1))]
     } else {
