@@ -172,12 +172,12 @@ impl Compiler for JitCompiler {
     }
 }
 
+mod crew;
+
 /// The buffers JIT'd code allocates (`memref.alloc`: blocks, scratch; the engine binds
 /// its `malloc`/`aligned_alloc`/`free` here): each thread keeps the `malloc` blocks its
 /// calls freed, by size, for its next call, so a kernel's buffers are not allocated (and,
 /// after the C heap trims them, faulted in) afresh on every call.
-mod crew;
-
 pub mod buffers {
     use std::alloc::{alloc, dealloc, Layout};
     use std::cell::RefCell;
