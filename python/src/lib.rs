@@ -114,15 +114,15 @@ fn types(buffers: &[Buffer], what: &str) -> Result<Vec<TensorType>, String> {
         .collect()
 }
 
-/// A library op made ready for one parameter set and requested backend: its kernels,
-/// and when it is one kernel the native backend runs on the callers' f32/i32/bool
-/// storage, that kernel compiled. Remembered ([`prepared`]), so a repeated call skips
-/// parsing, tracing, backend resolution and compilation lookups.
+/// A library op made ready for one parameter set and requested backend: the op with its
+/// (tuned) parameters, and the kernels the native backend runs on the callers'
+/// f32/i32/bool storage, compiled (the op's one kernel, or each kernel of its chain; a
+/// kernel that fails to trace or compile leaves the op to run through arrays, which
+/// reports why). Remembered ([`prepared`]), so a repeated call skips parsing, tracing,
+/// backend resolution and compilation lookups.
 struct PreparedOp {
     op: &'static dyn kernels::LibraryKernel,
     params: Params,
-    /// The traced kernels (`None` when tracing failed: `run` reports why).
-    built: Option<Vec<kernel_ir::Kernel>>,
     native: Option<runtime::native::Prepared>,
     /// Each kernel of a multi-kernel op compiled for in-place runs (`None` where it cannot
     /// run so), for its [`kernels::Chain`] ([`run_chain`]).
@@ -194,7 +194,6 @@ fn prepared_shared(
     let prepared = Arc::new(PreparedOp {
         op,
         params,
-        built,
         native,
         chained,
     });
@@ -265,16 +264,21 @@ fn run_chain(
     outputs: &[Buffer],
 ) -> Option<Result<String, OpError>> {
     use kernels::Source;
-    let built = prepared.built.as_deref()?;
     let chain = prepared.op.chain(&prepared.params, inputs.len())?;
     if chain.outputs.len() != outputs.len() {
         return None;
     }
-    let kernel = |step: usize| built.get(chain.steps.get(step)?.kernel);
+    // The compiled kernel of each step, which knows its I/O types.
+    let native = |step: usize| {
+        prepared
+            .chained
+            .get(chain.steps.get(step)?.kernel)?
+            .as_ref()
+    };
     // Every op output is some step's output, so nothing is left unwritten.
     let produces = |s: &Source| match *s {
         Source::Output { step, index } => {
-            kernel(step).is_some_and(|k| index < k.output_types().len())
+            native(step).is_some_and(|n| index < n.output_types().len())
         }
         Source::Input(_) => false,
     };
@@ -285,46 +289,45 @@ fn run_chain(
     // kernel runs; each step's outputs are the op output they are, if any.
     let mut plans = Vec::with_capacity(chain.steps.len());
     for (at, step) in chain.steps.iter().enumerate() {
-        let native = prepared.chained.get(step.kernel)?.as_ref()?;
-        let k = kernel(at)?;
-        let in_types = k.input_types();
+        let compiled = native(at)?;
+        let in_types = compiled.input_types();
         if step.inputs.len() != in_types.len() {
             return None;
         }
-        for (s, t) in step.inputs.iter().zip(&in_types) {
+        for (s, t) in step.inputs.iter().zip(in_types) {
             let fits = match *s {
                 Source::Input(i) => inputs.get(i).is_some_and(|b| {
                     buffers_match(std::slice::from_ref(b), std::slice::from_ref(t))
                 }),
                 // Only an earlier step's output exists when this one runs.
                 Source::Output { step, index } => {
-                    step < at && kernel(step)?.output_types().get(index) == Some(t)
+                    step < at && native(step)?.output_types().get(index) == Some(t)
                 }
             };
             if !fits {
                 return None;
             }
         }
-        let out_types = k.output_types();
+        let out_types = compiled.output_types();
         let outs: Vec<Option<usize>> = (0..out_types.len())
             .map(|index| {
                 let out = Source::Output { step: at, index };
                 chain.outputs.iter().position(|s| *s == out)
             })
             .collect();
-        for (to, t) in outs.iter().zip(&out_types) {
+        for (to, t) in outs.iter().zip(out_types) {
             if let Some(&o) = to.as_ref() {
                 if !buffers_match(&outputs[o..=o], std::slice::from_ref(t)) {
                     return None;
                 }
             }
         }
-        plans.push((native, out_types, outs));
+        plans.push((compiled, out_types, outs));
     }
     // Intermediate outputs live in words of host memory until the chain ends.
     let mut produced: Vec<Vec<Buffer>> = Vec::with_capacity(plans.len());
     let mut scratch: Vec<Vec<u32>> = Vec::new();
-    for ((native, out_types, outs), step) in plans.into_iter().zip(&chain.steps) {
+    for ((compiled, out_types, outs), step) in plans.into_iter().zip(&chain.steps) {
         let ins: Vec<Buffer> = step
             .inputs
             .iter()
@@ -363,7 +366,7 @@ fn run_chain(
         // SAFETY: every buffer is a live, contiguous array of its kernel's type (checked
         // above, or allocated so); the outputs are the callers' fresh tensors or scratch.
         let ran = in_place(context, &ins, &step_outs, |i, o| unsafe {
-            native.run_in_place(i, o)
+            compiled.run_in_place(i, o)
         });
         if let Err(e) = ran {
             return Some(Err(e));
