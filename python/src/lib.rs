@@ -637,6 +637,25 @@ fn register_cpu_kernels(path: &str) -> PyResult<()> {
         .map_err(PyRuntimeError::new_err)
 }
 
+/// Runs native grids on PyTorch's OpenMP team (ATen's intra-op pool) instead of
+/// Tessera's own threads, for the life of the process; returns its thread count.
+/// [`register_cpu_kernels`] has resolved PyTorch's library.
+#[pyfunction]
+fn use_torch_threads() -> PyResult<usize> {
+    let torch = torch_abi::loaded().ok_or_else(|| {
+        PyRuntimeError::new_err("PyTorch's library is not resolved yet (import tessera)")
+    })?;
+    let omp = torch.openmp().map_err(PyRuntimeError::new_err)?;
+    Ok(runtime::native::use_openmp(omp))
+}
+
+/// What runs native grids with the calling thread: `openmp` (PyTorch's threads) or
+/// `tessera` (Tessera's own).
+#[pyfunction]
+fn thread_pool() -> &'static str {
+    runtime::native::thread_pool()
+}
+
 /// Sets the backend this thread's ops ask for; returns the previous one.
 #[pyfunction]
 fn set_backend(name: &str) -> PyResult<&'static str> {
@@ -708,6 +727,8 @@ fn _tessera(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(op_schemas, m)?)?;
     m.add_function(wrap_pyfunction!(register_cpu_kernels, m)?)?;
     m.add_function(wrap_pyfunction!(set_backend, m)?)?;
+    m.add_function(wrap_pyfunction!(use_torch_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(thread_pool, m)?)?;
     m.add_function(wrap_pyfunction!(current_backend, m)?)?;
     m.add_function(wrap_pyfunction!(launches::trace_launches, m)?)?;
     m.add_function(wrap_pyfunction!(launches::take_launches, m)?)?;

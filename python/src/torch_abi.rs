@@ -56,6 +56,11 @@ pub(crate) fn torch() -> &'static Torch {
         .expect("the dispatcher ops are registered after libtorch is resolved")
 }
 
+/// The resolved interface, if [`load`] has run.
+pub(crate) fn loaded() -> Option<&'static Torch> {
+    TORCH.get()
+}
+
 /// Resolves the interface from `libtorch_cpu` at `path` (already loaded by `import
 /// torch`, so this finds the same copy).
 pub(crate) fn load(path: &str) -> Result<&'static Torch, String> {
@@ -100,6 +105,25 @@ pub(crate) fn load(path: &str) -> Result<&'static Torch, String> {
         _lib: lib,
     };
     Ok(TORCH.get_or_init(|| torch))
+}
+
+impl Torch {
+    /// The OpenMP runtime ATen's intra-op parallelism runs on: libgomp's entry points as
+    /// `libtorch_cpu` resolves them (a lookup through its handle searches the libraries
+    /// it loaded, so this is the copy PyTorch uses); an error says which is missing (a
+    /// PyTorch built without OpenMP).
+    pub(crate) fn openmp(&self) -> Result<runtime::native::OpenMp, String> {
+        let mut addresses = [std::ptr::null(); 5];
+        for (address, name) in addresses.iter_mut().zip(runtime::native::OPENMP_SYMBOLS) {
+            // SAFETY: only the address is read; `OpenMp::from_symbols` types it.
+            let symbol = unsafe { self._lib.get::<*const c_void>(name.as_bytes()) }
+                .map_err(|e| format!("PyTorch's library has no OpenMP `{name}`: {e}"))?;
+            *address = *symbol;
+        }
+        // SAFETY: the addresses are libgomp's functions of those names, loaded with
+        // libtorch for the life of the process.
+        Ok(unsafe { runtime::native::OpenMp::from_symbols(addresses) })
+    }
 }
 
 fn check(status: Status, what: &str) -> Result<(), String> {

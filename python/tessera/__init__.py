@@ -15,6 +15,7 @@ backward kernel, the others through PyTorch's math).
 import contextlib
 import math
 import os
+import warnings
 from typing import Optional
 
 import torch
@@ -22,7 +23,8 @@ import torch
 from . import _tessera
 
 __all__ = ["backend", "disable_sdpa_override", "enable_sdpa_override", "explain",
-           "explain_graph", "export", "graph_stats", "load_library", "OpTrace", "reset_graph_stats", "trace_ops"]
+           "explain_graph", "export", "graph_stats", "load_library", "OpTrace", "reset_graph_stats", "thread_pool",
+           "trace_ops"]
 
 _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 
@@ -61,6 +63,22 @@ _lib = torch.library.Library("tessera", "DEF")
 for _schema in _tessera.op_schemas():
     _lib.define(_schema)
 _tessera.register_cpu_kernels(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
+
+# Native grids run on PyTorch's own OpenMP threads (ATen's intra-op pool, sized by
+# torch.set_num_threads), which PyTorch keeps spinning between its ops: Tessera's own
+# threads would compete with them for the cores. TESSERA_THREAD_POOL=tessera keeps
+# Tessera's threads (for comparison).
+if os.environ.get("TESSERA_THREAD_POOL", "openmp") != "tessera":
+    try:
+        _tessera.use_torch_threads()
+    except RuntimeError as _e:  # a PyTorch built without OpenMP: Tessera's own threads
+        warnings.warn(f"tessera: native kernels use their own threads: {_e}")
+
+
+def thread_pool() -> str:
+    """What runs native kernels' grids with the calling thread: ``"openmp"``
+    (PyTorch's intra-op threads) or ``"tessera"`` (Tessera's own)."""
+    return _tessera.thread_pool()
 
 _PYTHON_ERRORS = {"ValueError": ValueError, "MemoryError": MemoryError}
 

@@ -392,18 +392,23 @@ def test_torch_ops_run_with_the_blocks_tessera_tune_stored(tmp_path):
 
 
 def test_large_kernels_run_in_a_forked_child():
-    # The helper threads that split large grids do not exist in a child forked after
-    # they started (as DataLoader workers are): the child runs the whole grid itself.
+    # The threads that split large grids (PyTorch's OpenMP team, or Tessera's own) do
+    # not exist in a child forked after they started (as DataLoader workers are): the
+    # child runs the whole grid itself. (PyTorch's own parallel ops hang there, libgomp
+    # being not fork-safe, until the child calls torch.set_num_threads(1), as DataLoader
+    # workers do: so the comparison comes after the op.)
     # In a fresh process: this one has other libraries' threads, whose locks a fork may
     # copy held.
     script = """
 import os, sys, torch, tessera
 ops = torch.ops.tessera
 x = torch.randn(1024, 512)
-want = ops.softmax(x)  # starts the helpers
+want = ops.softmax(x)  # starts the team
 pid = os.fork()
 if pid == 0:
-    os._exit(0 if torch.equal(ops.softmax(x), want) else 1)
+    got = ops.softmax(x)
+    torch.set_num_threads(1)
+    os._exit(0 if torch.equal(got, want) else 1)
 sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 """
     run = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
@@ -425,6 +430,32 @@ def test_small_kernels_run_on_the_calling_thread(capfd, monkeypatch):
     err = capfd.readouterr().err
     if len(os.sched_getaffinity(0)) > 1:
         assert re.search(r"native @softmax: .*on \d+ threads", err), err
+
+
+def test_grids_split_on_pytorchs_threads_as_many_as_it_is_told(capfd, monkeypatch):
+    # Large grids run on PyTorch's own OpenMP team (which it keeps spinning between its
+    # ops), so torch.set_num_threads bounds Tessera's kernels too.
+    assert tessera.thread_pool() == "openmp"
+    monkeypatch.setenv("TESSERA_LOG", "debug")
+    x = torch.randn(1024, 512)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        want = ops.softmax(x)
+        assert "native @softmax: running in place on the caller's buffers, on 2 threads (openmp)" in capfd.readouterr().err
+        torch.set_num_threads(1)
+        assert torch.equal(ops.softmax(x), want)
+        assert re.search(r"native @softmax: .*on the calling thread", capfd.readouterr().err)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_tesseras_own_threads_on_request():
+    script = "import tessera, torch; print(tessera.thread_pool(), torch.ops.tessera.softmax(torch.ones(1024, 512)).sum().item())"
+    env = dict(os.environ, TESSERA_THREAD_POOL="tessera")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["tessera", "1024.0"]
 
 
 def test_torch_compile_fullgraph():

@@ -173,6 +173,9 @@ impl Compiler for JitCompiler {
 }
 
 mod crew;
+mod pool;
+
+pub use pool::{name as thread_pool, use_openmp, OpenMp, OPENMP_SYMBOLS};
 
 /// The buffers JIT'd code allocates (`memref.alloc`: blocks, scratch; the engine binds
 /// its `malloc`/`aligned_alloc`/`free` here): each thread keeps the `malloc` blocks its
@@ -706,8 +709,9 @@ const SERIAL_BYTES: u64 = 256 << 10;
 /// The threshold of [`SERIAL_BYTES`] for kernels that contain a dot (more work per byte).
 const SERIAL_DOT_BYTES: u64 = 16 << 10;
 
-/// How many threads run the grid: one per core ([`crew`]), at most one per parallel
-/// program, and one for kernels too small to split.
+/// How many threads run the grid: the pool's ([`pool::threads`]: the OpenMP team's, or
+/// one per core), at most one per parallel program, and one for kernels too small to
+/// split.
 fn workers(module: &CpuModule) -> usize {
     let bytes = module.io_bytes;
     let threshold = if module.has_dot {
@@ -718,7 +722,7 @@ fn workers(module: &CpuModule) -> usize {
     if bytes < threshold {
         return 1;
     }
-    crew::cores().min(module.parallel_programs.max(1) as usize)
+    pool::threads().min(module.parallel_programs.max(1) as usize)
 }
 
 /// The programs worker `w` of `workers` runs, as two `(first, step)` strides: programs are
@@ -800,7 +804,7 @@ unsafe fn execute_raw(
         let threads = if workers == 1 {
             "on the calling thread".to_string()
         } else {
-            format!("on {workers} threads")
+            format!("on {workers} threads ({})", pool::name())
         };
         format!("native @{}: {how}{threads}", kernel.name)
     });
@@ -837,7 +841,7 @@ unsafe fn execute_raw(
     if workers == 1 {
         run_strided(0, 1);
     } else {
-        crew::run_shares(workers, &run);
+        pool::run_shares(workers, &run);
     }
     for (i, user, small, big, small_len, big_len) in unpad {
         let src = unsafe { std::slice::from_raw_parts(copies[i].as_ptr() as *const u8, big_len) };
