@@ -347,6 +347,53 @@ fn reductions_fused_into_the_pass_that_stores_their_operand() {
 }
 
 #[test]
+fn cheap_values_read_twice_are_recomputed_not_stored() {
+    // `centered` (one subtract of a load and a broadcast) is read by the variance and by
+    // the output: it gets no buffer, and the results equal the interpreter's.
+    for (cols, dtype) in [(45, DType::F32), (64, DType::BF16), (5, DType::F32)] {
+        let ty = TensorType::new(dtype, [6, cols]);
+        let k = pallas_call(move |x: Ref, o: Ref| {
+            let v = x.read();
+            let centered = v - v.sum_keepdims(1) / cols as f64;
+            let var = (centered * centered).sum_keepdims(1) / cols as f64;
+            o.write(centered * (var + 1e-5).rsqrt());
+        })
+        .grid([1])
+        .input(ty.clone(), whole([6, cols]))
+        .output(ty, whole([6, cols]))
+        .build()
+        .unwrap();
+        let module = lowering::cpu::lower(&k, lowering::cpu::Registers::host());
+        let block = format!("memref<6x{cols}xf32>");
+        assert!(
+            !module
+                .text
+                .lines()
+                .any(|l| l.contains("memref.alloc") && l.contains(&block)),
+            "a {block} buffer:\n{}",
+            module.text
+        );
+        let x = Array::from_f32(
+            dtype,
+            [6, cols],
+            (0..6 * cols)
+                .map(|i| ((i * 7 % 13) as f32 - 6.0) / 3.0)
+                .collect(),
+        )
+        .unwrap();
+        let want = interpret(&k, std::slice::from_ref(&x), &InterpretOptions::default()).unwrap();
+        let (got, _) = runtime::run(&k, &[x], Backend::Native).unwrap();
+        let tol = if dtype == DType::F32 { 1e-5 } else { 2e-2 };
+        for (a, b) in got[0].to_f64().iter().zip(want[0].to_f64()) {
+            assert!(
+                (a - b).abs() <= tol * (1.0 + b.abs()),
+                "{dtype} cols={cols}: {a} vs {b}"
+            );
+        }
+    }
+}
+
+#[test]
 fn row_max_and_sum_propagate_nan_from_every_lane() {
     // 48 columns: 4 accumulators of 8 lanes, then the partials combined by halving.
     let cols = 48u64;

@@ -255,26 +255,63 @@ impl Val {
     }
 }
 
-/// The values whose only use is an element-wise read in the region that defines them:
-/// they are fused into that reader instead of being stored.
+/// The element-wise results computed where they are read instead of being stored: those
+/// read only in the region that defines them, and read once, or by element-wise ops and
+/// reductions alone when they are one cheap op ([`cheap_to_recompute`]): recomputing
+/// such a value at each read costs an instruction where storing it costs a buffer, a
+/// store and a load per read (layer norm's `x - mean`, read by its variance and by its
+/// output).
 fn fusible(k: &Kernel) -> std::collections::HashSet<Value> {
-    let (mut defs, mut uses) = (HashMap::new(), HashMap::<Value, Vec<usize>>::new());
+    /// Where a value is read: the region and whether the reader computes lanes in place.
+    struct Read {
+        region: usize,
+        lanewise: bool,
+    }
+    let (mut defs, mut reads) = (HashMap::new(), HashMap::<Value, Vec<Read>>::new());
+    let mut computed = std::collections::HashSet::new();
     let mut region_id = 0;
     k.body.walk_regions(&mut |r| {
         for op in &r.ops {
+            let lanewise = op.kind.is_elementwise() || matches!(op.kind, OpKind::Reduce { .. });
             for v in op.kind.operands() {
-                uses.entry(v).or_default().push(region_id);
+                reads.entry(v).or_default().push(Read {
+                    region: region_id,
+                    lanewise,
+                });
             }
             if op.kind.is_elementwise() {
-                defs.insert(op.results[0], region_id);
+                defs.insert(op.results[0], (region_id, op));
+                computed.insert(op.results[0]);
             }
         }
         region_id += 1;
     });
     defs.into_iter()
-        .filter(|(v, region)| uses.get(v).is_some_and(|u| u == &[*region]))
+        .filter(|(v, (region, op))| {
+            let Some(reads) = reads.get(v) else {
+                return false;
+            };
+            reads.iter().all(|r| r.region == *region)
+                && (reads.len() == 1
+                    || (reads.iter().all(|r| r.lanewise)
+                        && cheap_to_recompute(op, |x| computed.contains(&x))))
+        })
         .map(|(v, _)| v)
         .collect()
+}
+
+/// Whether `op` is one add, subtract, multiply, max, min or cast of values that are not
+/// themselves computed element-wise (`computed`): loads, broadcasts, constants, reductions.
+fn cheap_to_recompute(op: &Op, computed: impl Fn(Value) -> bool) -> bool {
+    let cheap = match &op.kind {
+        OpKind::Binary { op, .. } => matches!(
+            op,
+            BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Max | BinaryOp::Min
+        ),
+        OpKind::Cast { .. } => true,
+        _ => false,
+    };
+    cheap && op.kind.operands().into_iter().all(|x| !computed(x))
 }
 
 /// A tensor read from (part of) a memref: buffer dim `i` is indexed by `offsets[i]` plus
