@@ -135,7 +135,7 @@ const TUNABLE: &[Tunable] = &[
     },
     Tunable {
         name: "bk",
-        values: &[64, 128, 256, 512],
+        values: &[64, 128, 256, 512, 1024, 2048],
         tiles: &["k"],
     },
     Tunable {
