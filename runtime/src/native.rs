@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, Once, OnceLock};
 use std::time::Instant;
 
 use kernel_ir::ops::format_debug_print;
-use kernel_ir::{try_vec, Array, ArrayData, DType, Kernel, RefKind, RunError, TensorType};
+use kernel_ir::{Array, ArrayData, DType, Kernel, RefKind, RunError, TensorType};
 use lowering::cpu::{CpuModule, DebugPrintSite, Registers};
 use lowering::Lowering;
 use melior::dialect::DialectRegistry;
@@ -313,6 +313,44 @@ pub mod buffers {
     /// Bytes of freed buffers this thread keeps for its next kernel calls.
     pub fn pooled_bytes() -> usize {
         POOL.try_with(|p| p.borrow().bytes).unwrap_or(0)
+    }
+
+    /// A zeroed block of this thread's pool for Rust code (a run's padded copies), back
+    /// in the pool when dropped: its pages are not faulted in afresh on every call. Drop
+    /// it on the thread that made it.
+    pub(super) struct Block {
+        ptr: *mut u8,
+        len: usize,
+    }
+
+    impl Block {
+        /// `len` zeroed bytes, 16-byte aligned; `None` when they cannot be had.
+        pub(super) fn zeroed(len: usize) -> Option<Block> {
+            let ptr = malloc(len) as *mut u8;
+            if ptr.is_null() {
+                return None;
+            }
+            // SAFETY: a live block of `len` bytes.
+            unsafe { std::ptr::write_bytes(ptr, 0, len) };
+            Some(Block { ptr, len })
+        }
+
+        /// The bytes.
+        pub(super) fn bytes(&mut self) -> &mut [u8] {
+            // SAFETY: a live block of `len` bytes, borrowed mutably with `self`.
+            unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+        }
+
+        /// The first byte's address.
+        pub(super) fn as_ptr(&self) -> *mut c_void {
+            self.ptr as *mut c_void
+        }
+    }
+
+    impl Drop for Block {
+        fn drop(&mut self) {
+            free(self.ptr as *mut c_void);
+        }
     }
 }
 
@@ -764,8 +802,8 @@ unsafe fn execute_raw(
         kernel_ir::check_scalar_prefetch(kernel, &prefetch)?;
     }
     let io = kernel.refs.iter().filter(|r| r.kind != RefKind::Scratch);
-    // Padded copies (u32 words, so f32/i32 stay aligned) and where outputs go back.
-    let mut copies: Vec<Vec<u32>> = Vec::new();
+    // Padded copies (pooled, zeroed; aligned for f32/i32) and where outputs go back.
+    let mut copies: Vec<buffers::Block> = Vec::new();
     let mut ptrs = Vec::with_capacity(module.padded_shapes.len());
     let mut unpad = Vec::new();
     let (mut ins, mut outs) = (inputs.iter(), outputs.iter());
@@ -785,19 +823,20 @@ unsafe fn execute_raw(
         );
         let big_len = big.iter().product::<u64>() as usize;
         let small_len = decl.ty.num_elements() as usize * eb;
-        let what = || format!("the padded copy of %{} ({padded:?})", decl.name);
-        let mut words = try_vec(what, big_len.div_ceil(4) as u64, 0u32)
-            .map_err(|e| crate::Error::Run(RunError::Alloc(e)))?;
-        let bytes =
-            unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr() as *mut u8, big_len) };
+        let mut block = buffers::Block::zeroed(big_len).ok_or_else(|| {
+            crate::Error::Run(RunError::Alloc(kernel_ir::AllocError {
+                what: format!("the padded copy of %{} ({padded:?})", decl.name),
+                bytes: Some(big_len as u64),
+            }))
+        })?;
         if decl.kind == RefKind::Input {
             let src = unsafe { std::slice::from_raw_parts(user as *const u8, small_len) };
-            copy_rows(src, bytes, &small, &big, true);
+            copy_rows(src, block.bytes(), &small, &big, true);
         } else {
-            unpad.push((copies.len(), user, small, big, small_len, big_len));
+            unpad.push((copies.len(), user, small, big, small_len));
         }
-        ptrs.push(words.as_mut_ptr() as *mut c_void);
-        copies.push(words);
+        ptrs.push(block.as_ptr());
+        copies.push(block);
     }
     let workers = workers(module);
     debug(|| {
@@ -843,10 +882,9 @@ unsafe fn execute_raw(
     } else {
         pool::run_shares(workers, &run);
     }
-    for (i, user, small, big, small_len, big_len) in unpad {
-        let src = unsafe { std::slice::from_raw_parts(copies[i].as_ptr() as *const u8, big_len) };
+    for (i, user, small, big, small_len) in unpad {
         let dst = unsafe { std::slice::from_raw_parts_mut(user as *mut u8, small_len) };
-        copy_rows(src, dst, &big, &small, false);
+        copy_rows(copies[i].bytes(), dst, &big, &small, false);
     }
     match fault[0] as usize {
         0 => Ok(()),

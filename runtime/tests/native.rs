@@ -569,3 +569,42 @@ fn kernel_buffers_are_reused_across_calls() {
         "later calls must reuse the pooled buffers"
     );
 }
+
+#[test]
+fn padded_copies_start_zeroed_when_the_pool_hands_back_used_blocks() {
+    // A 10x16 array in 8-row blocks is padded to 16x16 (1 KiB) for native code, in
+    // blocks of the calling thread's pool (the run is small enough to stay on it). The
+    // output accumulates over the sequential axis, so it must start at zero although the
+    // pool holds two 1 KiB blocks full of NaN bytes, which the copies take.
+    let ty = TensorType::new(DType::F32, [10, 16]);
+    let spec = || block_spec([8, 16], |i| vec![i[0].clone(), 0.into()]);
+    let k = pallas_call(|x: Ref, o: Ref| o.write(o.read() + x.read()))
+        .grid([2, 3])
+        .dimension_semantics([
+            kernel_ir::DimSemantics::Parallel,
+            kernel_ir::DimSemantics::Arbitrary,
+        ])
+        .input(ty.clone(), spec())
+        .output(ty, spec())
+        .build()
+        .unwrap();
+    let x = f32_array([10, 16], (0..160).map(|i| i as f32).collect());
+    let want: Vec<f64> = (0..160).map(|i| 3.0 * i as f64).collect();
+    let pooled = || runtime::native::buffers::pooled_bytes();
+    let mut steady = 0;
+    for run in 0..3 {
+        let padded = 16 * 16 * 4;
+        let blocks = [0; 2].map(|_| runtime::native::buffers::malloc(padded));
+        for b in blocks {
+            // SAFETY: a live block of `padded` bytes.
+            unsafe { std::ptr::write_bytes(b as *mut u8, 0xff, padded) };
+            runtime::native::buffers::free(b);
+        }
+        let (got, _) = runtime::run(&k, std::slice::from_ref(&x), Backend::Native).unwrap();
+        assert_eq!(got[0].to_f64(), want, "run {run}");
+        if run == 1 {
+            steady = pooled();
+        }
+    }
+    assert_eq!(pooled(), steady, "later runs reuse the pooled blocks");
+}
