@@ -191,5 +191,11 @@ proptest! {
             ("dtype", if bf16 { "bf16" } else { "f32" }.into())];
         all_match("varlen_attention", &case, seed)?;
         all_match("varlen_attention_bwd", &case, seed)?;
+        // Two kv heads or more: the fused backward kernel is what ran above.
+        let bwd = kernels::find("varlen_attention_bwd").unwrap();
+        let pairs: Vec<String> = case.iter().map(|(a, b)| format!("{a}={b}")).collect();
+        let names: Vec<String> = bwd.build(&Params::parse(bwd.params(), &pairs).unwrap()).unwrap()
+            .iter().map(|k| k.name.clone()).collect();
+        prop_assert_eq!(names.contains(&"varlen_bwd_fused".to_string()), heads.1 >= 2, "{:?}", names);
     }
 }

@@ -200,6 +200,10 @@ kernel_body!(9; 0 1 2 3 4 5 6 7 8);
 kernel_body!(10; 0 1 2 3 4 5 6 7 8 9);
 kernel_body!(11; 0 1 2 3 4 5 6 7 8 9 10);
 kernel_body!(12; 0 1 2 3 4 5 6 7 8 9 10 11);
+kernel_body!(13; 0 1 2 3 4 5 6 7 8 9 10 11 12);
+kernel_body!(14; 0 1 2 3 4 5 6 7 8 9 10 11 12 13);
+kernel_body!(15; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14);
+kernel_body!(16; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
 
 /// Sets up a kernel launch: grid, BlockSpecs, scratch; [`PallasCall::build`] traces
 /// the body into a verified [`Kernel`].

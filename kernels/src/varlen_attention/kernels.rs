@@ -328,3 +328,117 @@ pub(super) fn varlen_bwd_dkdv(
     store_rows(dk, (dk_acc * c.scale).cast(c.dtype), bk, d, k0, c.total_k);
     store_rows(dv, dv_acc.cast(c.dtype), bk, d, k0, c.total_k);
 }
+
+/// One (query tile, key tile) pair of the fused backward, its scores masked by the rows'
+/// spans: adds its `ds^T q` and `p^T do` into the dk/dv accumulators at the key tile
+/// (`size` keys at `k0`) and returns `dq + ds k`.
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+fn fused_step(
+    rows: (Tensor, Tensor, Tensor, Tensor),
+    spans: (Tensor, Tensor),
+    k: Ref,
+    v: Ref,
+    acc: (Ref, Ref),
+    k0: Tensor,
+    size: u64,
+    dq: Tensor,
+    c: VarlenConfig,
+) -> Tensor {
+    let (qb, dob, lse_b, delta_b) = rows;
+    let (dk_acc, dv_acc) = acc;
+    let kb = k.load(s![ds(k0, size), ..]);
+    let vb = v.load(s![ds(k0, size), ..]);
+    let (p, grad) = probs_and_grad(
+        qb, kb, vb, dob, lse_b, delta_b, spans.0, spans.1, k0, size, true, c,
+    );
+    let ds_in = mxu_input(grad, c.dtype);
+    let dk_tile = dk_acc.load(s![ds(k0, size), ..]) + dot_general(ds_in, qb, true, false);
+    dk_acc.store(s![ds(k0, size), ..], dk_tile);
+    let dv_tile =
+        dv_acc.load(s![ds(k0, size), ..]) + dot_general(mxu_input(p, c.dtype), dob, true, false);
+    dv_acc.store(s![ds(k0, size), ..], dv_tile);
+    dq + ds_in.dot(kb)
+}
+
+/// The refs of the fused backward that one query tile reads and writes.
+type FusedRefs = (Ref, Ref, Ref, Ref, Ref, Ref, Ref, Ref, Ref, Ref, Ref, Ref);
+
+/// dq of `rows` query rows at tile `tile` of query head `g` of the group, over the key
+/// tiles its rows see; adds each pair's share into the dk/dv accumulators. One masked
+/// loop over the key tiles (not the forward's three, which skip masks where they can):
+/// each copy of the five-dot step costs seconds of JIT time.
+#[kernel_fn]
+fn fused_query_tile(refs: FusedRefs, g: Tensor, tile: Tensor, rows: u64, c: VarlenConfig) {
+    let (q, k, v, o, d_o, lse, q_first, q_end, q_tiles, dq, dk_acc, dv_acc) = refs;
+    let bk = c.block_k;
+    let q0 = tile * c.block_q;
+    let qb = q.load(s![g, ds(q0, rows), ..]);
+    let dob = d_o.load(s![g, ds(q0, rows), ..]);
+    let ob = o.load(s![g, ds(q0, rows), ..]);
+    let delta_b = (ob.cast(DType::F32) * dob.cast(DType::F32)).sum(1);
+    let lse_b = lse.load(s![g, ds(q0, rows), 0]);
+    let spans = (
+        q_first.load(s![ds(q0, rows), 0]),
+        q_end.load(s![ds(q0, rows), 0]),
+    );
+    let tile_rows = (qb, dob, lse_b, delta_b);
+    let acc_refs = (dk_acc, dv_acc);
+    let (lo, _, _, hi) = tile_range(q_tiles, tile);
+    let (full_tiles, tail) = (c.total_k / bk, c.total_k % bk);
+    let mut acc = zeros([rows, c.head_dim], DType::F32);
+    for j in lo..hi.minimum(full_tiles) {
+        acc = fused_step(tile_rows, spans, k, v, acc_refs, j * bk, bk, acc, c);
+    }
+    if tail > 0 {
+        for _last in lo.maximum(full_tiles)..hi {
+            let k0 = index((full_tiles * bk) as i64);
+            acc = fused_step(tile_rows, spans, k, v, acc_refs, k0, tail, acc, c);
+        }
+    }
+    dq.store(s![g, ds(q0, rows), ..], (acc * c.scale).cast(c.dtype));
+}
+
+/// dq, dk and dv in one pass for one kv head: every query tile of every query head of
+/// the group meets the key tiles its rows see once, and each pair's `p` and `ds` feed
+/// all three gradients (five dots per pair instead of the seven of the dq and dk/dv
+/// kernels, which both recompute them; `delta` is computed per query tile). dk/dv
+/// accumulate in f32 scratch over the packed keys. Ragged last tiles run at their own
+/// static sizes, so every window stays inside its array.
+#[kernel]
+// The loops carry nothing (they store dq): the macro's loops yield `()`.
+#[allow(clippy::too_many_arguments, clippy::unused_unit)]
+pub(super) fn varlen_bwd_fused(
+    q: Ref,
+    k: Ref,
+    v: Ref,
+    o: Ref,
+    d_o: Ref,
+    lse: Ref,
+    q_first: Ref,
+    q_end: Ref,
+    q_tiles: Ref,
+    dq: Ref,
+    dk: Ref,
+    dv: Ref,
+    dk_acc: Ref,
+    dv_acc: Ref,
+    #[comptime] c: VarlenConfig,
+) {
+    dk_acc.write(zeros([c.total_k, c.head_dim], DType::F32));
+    dv_acc.write(zeros([c.total_k, c.head_dim], DType::F32));
+    let refs = (
+        q, k, v, o, d_o, lse, q_first, q_end, q_tiles, dq, dk_acc, dv_acc,
+    );
+    let (full_tiles, tail) = (c.total_q / c.block_q, c.total_q % c.block_q);
+    for g in index(0)..index((c.heads / c.kv_heads) as i64) {
+        for i in index(0)..index(full_tiles as i64) {
+            fused_query_tile(refs, g, i, c.block_q, c);
+        }
+        if tail > 0 {
+            fused_query_tile(refs, g, index(full_tiles as i64), tail, c);
+        }
+    }
+    dk.write((dk_acc.read() * c.scale).cast(c.dtype));
+    dv.write(dv_acc.read().cast(c.dtype));
+}
