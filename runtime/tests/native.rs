@@ -310,6 +310,28 @@ fn in_place_runs_read_and_write_caller_storage() {
         .contains("takes 1 inputs and 1 outputs"));
 }
 
+/// Runs a `[6, cols]` -> `[6, cols]` kernel natively and with the interpreter on the same
+/// inputs and compares (f32: 1e-5, bf16: 2e-2, relative to 1 + |want|).
+fn native_matches_interpreter_on_rows(k: &kernel_ir::Kernel, dtype: DType, cols: u64) {
+    let x = Array::from_f32(
+        dtype,
+        [6, cols],
+        (0..6 * cols)
+            .map(|i| ((i * 7 % 13) as f32 - 6.0) / 3.0)
+            .collect(),
+    )
+    .unwrap();
+    let want = interpret(k, std::slice::from_ref(&x), &InterpretOptions::default()).unwrap();
+    let (got, _) = runtime::run(k, &[x], Backend::Native).unwrap();
+    let tol = if dtype == DType::F32 { 1e-5 } else { 2e-2 };
+    for (a, b) in got[0].to_f64().iter().zip(want[0].to_f64()) {
+        assert!(
+            (a - b).abs() <= tol * (1.0 + b.abs()),
+            "{dtype} cols={cols}: {a} vs {b}"
+        );
+    }
+}
+
 #[test]
 fn reductions_fused_into_the_pass_that_stores_their_operand() {
     // `e` is stored (three uses); its row sum and row max are computed in that pass.
@@ -326,23 +348,7 @@ fn reductions_fused_into_the_pass_that_stores_their_operand() {
         .output(ty, whole([6, cols]))
         .build()
         .unwrap();
-        let x = Array::from_f32(
-            dtype,
-            [6, cols],
-            (0..6 * cols)
-                .map(|i| ((i * 7 % 13) as f32 - 6.0) / 3.0)
-                .collect(),
-        )
-        .unwrap();
-        let want = interpret(&k, std::slice::from_ref(&x), &InterpretOptions::default()).unwrap();
-        let (got, _) = runtime::run(&k, &[x], Backend::Native).unwrap();
-        let tol = if dtype == DType::F32 { 1e-5 } else { 2e-2 };
-        for (a, b) in got[0].to_f64().iter().zip(want[0].to_f64()) {
-            assert!(
-                (a - b).abs() <= tol * (1.0 + b.abs()),
-                "{dtype} cols={cols}: {a} vs {b}"
-            );
-        }
+        native_matches_interpreter_on_rows(&k, dtype, cols);
     }
 }
 
@@ -373,23 +379,7 @@ fn cheap_values_read_twice_are_recomputed_not_stored() {
             "a {block} buffer:\n{}",
             module.text
         );
-        let x = Array::from_f32(
-            dtype,
-            [6, cols],
-            (0..6 * cols)
-                .map(|i| ((i * 7 % 13) as f32 - 6.0) / 3.0)
-                .collect(),
-        )
-        .unwrap();
-        let want = interpret(&k, std::slice::from_ref(&x), &InterpretOptions::default()).unwrap();
-        let (got, _) = runtime::run(&k, &[x], Backend::Native).unwrap();
-        let tol = if dtype == DType::F32 { 1e-5 } else { 2e-2 };
-        for (a, b) in got[0].to_f64().iter().zip(want[0].to_f64()) {
-            assert!(
-                (a - b).abs() <= tol * (1.0 + b.abs()),
-                "{dtype} cols={cols}: {a} vs {b}"
-            );
-        }
+        native_matches_interpreter_on_rows(&k, dtype, cols);
     }
 }
 

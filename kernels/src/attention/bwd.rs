@@ -270,12 +270,21 @@ fn fused_step(
     let vb = v.load(s![ds(k0, bk), ..]);
     let (p, grad) = probs_and_grad(qb, kb, vb, dob, lse_b, delta_b, q0, k0, c.block_q, bk, c);
     let ds_in = mxu_input(grad, c.dtype);
-    let dk_tile = dk_acc.load(s![ds(k0, bk), ..]) + dot_general(ds_in, qb, true, false);
-    dk_acc.store(s![ds(k0, bk), ..], dk_tile);
-    let dv_tile =
-        dv_acc.load(s![ds(k0, bk), ..]) + dot_general(mxu_input(p, c.dtype), dob, true, false);
-    dv_acc.store(s![ds(k0, bk), ..], dv_tile);
+    accumulate_rows(dk_acc, k0, bk, dot_general(ds_in, qb, true, false));
+    accumulate_rows(
+        dv_acc,
+        k0,
+        bk,
+        dot_general(mxu_input(p, c.dtype), dob, true, false),
+    );
     dq + ds_in.dot(kb)
+}
+
+/// Adds `x` into rows `[r0, r0 + rows)` of the accumulator `acc` (the fused backwards'
+/// dk/dv scratch).
+#[kernel_fn]
+pub(crate) fn accumulate_rows(acc: Ref, r0: Tensor, rows: u64, x: Tensor) {
+    acc.store(s![ds(r0, rows), ..], acc.load(s![ds(r0, rows), ..]) + x);
 }
 
 /// dq, dk and dv in one pass for one (batch, kv head): every query block of every query

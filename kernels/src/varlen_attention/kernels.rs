@@ -7,7 +7,7 @@ use kernel_ir::dsl::prelude::*;
 use kernel_macros::{kernel, kernel_fn};
 
 use super::VarlenConfig;
-use crate::attention::bwd::{load_vector, store_rows};
+use crate::attention::bwd::{accumulate_rows, load_vector, store_rows};
 use crate::attention::fwd::{mxu_input, online_softmax_step, MASK_VALUE};
 use crate::common::load_tile;
 
@@ -353,11 +353,13 @@ fn fused_step(
         qb, kb, vb, dob, lse_b, delta_b, spans.0, spans.1, k0, size, true, c,
     );
     let ds_in = mxu_input(grad, c.dtype);
-    let dk_tile = dk_acc.load(s![ds(k0, size), ..]) + dot_general(ds_in, qb, true, false);
-    dk_acc.store(s![ds(k0, size), ..], dk_tile);
-    let dv_tile =
-        dv_acc.load(s![ds(k0, size), ..]) + dot_general(mxu_input(p, c.dtype), dob, true, false);
-    dv_acc.store(s![ds(k0, size), ..], dv_tile);
+    accumulate_rows(dk_acc, k0, size, dot_general(ds_in, qb, true, false));
+    accumulate_rows(
+        dv_acc,
+        k0,
+        size,
+        dot_general(mxu_input(p, c.dtype), dob, true, false),
+    );
     dq + ds_in.dot(kb)
 }
 

@@ -687,21 +687,8 @@ impl Op for VarlenAttentionBwd {
             )?,
         };
         let (o, lse) = (&fwd[0], &fwd[1]);
-        if c.fuses_backward() {
-            let fused_in = [
-                q.clone(),
-                k.clone(),
-                v.clone(),
-                o.clone(),
-                d_o.clone(),
-                lse.clone(),
-                first,
-                end,
-                q_tiles,
-            ];
-            return exec(&c.backward_fused()?, &fused_in);
-        }
-        let dq_in = [
+        // The fused kernel and the dq kernel take the same inputs.
+        let grads_in = [
             q.clone(),
             k.clone(),
             v.clone(),
@@ -712,7 +699,10 @@ impl Op for VarlenAttentionBwd {
             end.clone(),
             q_tiles,
         ];
-        let mut dq_delta = exec(&c.backward_dq()?, &dq_in)?;
+        if c.fuses_backward() {
+            return exec(&c.backward_fused()?, &grads_in);
+        }
+        let mut dq_delta = exec(&c.backward_dq()?, &grads_in)?;
         let delta = dq_delta.remove(1);
         let dq = dq_delta.remove(0);
         let k_tiles = Array::from_i32([c.k_tiles(), 2], plan.k_tiles)?;
