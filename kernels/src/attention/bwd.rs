@@ -293,8 +293,13 @@ pub(crate) fn accumulate_rows(acc: Ref, r0: Tensor, rows: u64, x: Tensor) {
 /// kernels, which both recompute them). dk/dv accumulate in f32 scratch over the whole
 /// key sequence. Used when the blocks tile both sequences ([`AttentionConfig::fuses_backward`]).
 #[kernel]
-// The query-block loop carries nothing (it stores dq): the macro's loop yields `()`.
-#[allow(clippy::too_many_arguments, clippy::unused_unit)]
+// The loops carry nothing (they store dq): the macro's loops yield `()`, the outer one
+// as a statement of its own.
+#[allow(
+    clippy::too_many_arguments,
+    clippy::unused_unit,
+    clippy::unnecessary_operation
+)]
 pub(crate) fn flash_attention_bwd_fused(
     q: Ref,
     k: Ref,
