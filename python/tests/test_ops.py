@@ -406,14 +406,17 @@ x = torch.randn(1024, 512)
 want = ops.softmax(x)  # starts the team
 pid = os.fork()
 if pid == 0:
+    os.environ["TESSERA_LOG"] = "debug"  # says where the grid ran, on stderr
     got = ops.softmax(x)
     torch.set_num_threads(1)
     os._exit(0 if torch.equal(got, want) else 1)
 sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 """
-    run = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    run = subprocess.Popen([sys.executable, "-c", script], start_new_session=True, stderr=subprocess.PIPE, text=True)
     try:
-        assert run.wait(timeout=60) == 0
+        _, err = run.communicate(timeout=60)
+        assert run.returncode == 0, err
+        assert "native @softmax: running in place on the caller's buffers, on the calling thread" in err, err
     except subprocess.TimeoutExpired:
         os.killpg(run.pid, 9)  # the script and its forked child
         run.wait()

@@ -161,17 +161,18 @@ pub fn name() -> &'static str {
     }
 }
 
-/// How many threads a grid may use at most: the team's, else one per core.
+/// How many threads a grid may use at most: the team's (one where this thread may not use
+/// it: a forked child, a call inside one of its regions), else one per core.
 pub(super) fn threads() -> usize {
-    match team() {
-        Some(t) => t.omp.threads(),
+    match TEAM.get() {
+        Some(_) => team().map_or(1, |t| t.omp.threads()),
         None => crew::cores(),
     }
 }
 
 /// Runs `run(w)` for every worker `w` in `0..workers`, the calling thread among them,
-/// on the OpenMP team (while another caller has it, or where it may not be used, on
-/// this thread alone) or on the crew. Returns when all are done; a share that panicked
+/// on the OpenMP team (while another caller has it, on this thread alone) or on the
+/// crew. Returns when all are done; a share that panicked
 /// panics here.
 pub(super) fn run_shares(workers: usize, run: &(dyn Fn(usize) + Sync)) {
     let Some(installed) = TEAM.get() else {
