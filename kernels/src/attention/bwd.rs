@@ -269,22 +269,38 @@ fn fused_step(
     let kb = k.load(s![ds(k0, bk), ..]);
     let vb = v.load(s![ds(k0, bk), ..]);
     let (p, grad) = probs_and_grad(qb, kb, vb, dob, lse_b, delta_b, q0, k0, c.block_q, bk, c);
-    let ds_in = mxu_input(grad, c.dtype);
-    accumulate_rows(dk_acc, k0, bk, dot_general(ds_in, qb, true, false));
-    accumulate_rows(
-        dv_acc,
+    fused_grads(
+        (p, grad),
+        (qb, dob, kb),
+        (dk_acc, dv_acc),
         k0,
         bk,
-        dot_general(mxu_input(p, c.dtype), dob, true, false),
-    );
-    dq + ds_in.dot(kb)
+        dq,
+        c.dtype,
+    )
 }
 
-/// Adds `x` into rows `[r0, r0 + rows)` of the accumulator `acc` (the fused backwards'
-/// dk/dv scratch).
+/// What a fused backward does with one tile's `p` and `ds` (`pd`): adds `ds^T q` and
+/// `p^T do` into rows `[k0, k0 + size)` of the dk/dv accumulators and returns
+/// `dq + ds k`; `dtype` is the inputs' (the dots' operands are rounded to it).
 #[kernel_fn]
-pub(crate) fn accumulate_rows(acc: Ref, r0: Tensor, rows: u64, x: Tensor) {
-    acc.store(s![ds(r0, rows), ..], acc.load(s![ds(r0, rows), ..]) + x);
+pub(crate) fn fused_grads(
+    pd: (Tensor, Tensor),
+    tiles: (Tensor, Tensor, Tensor),
+    acc: (Ref, Ref),
+    k0: Tensor,
+    size: u64,
+    dq: Tensor,
+    dtype: DType,
+) -> Tensor {
+    let ((p, grad), (qb, dob, kb), (dk_acc, dv_acc)) = (pd, tiles, acc);
+    let ds_in = mxu_input(grad, dtype);
+    let dk_tile = dk_acc.load(s![ds(k0, size), ..]) + dot_general(ds_in, qb, true, false);
+    dk_acc.store(s![ds(k0, size), ..], dk_tile);
+    let dv_tile =
+        dv_acc.load(s![ds(k0, size), ..]) + dot_general(mxu_input(p, dtype), dob, true, false);
+    dv_acc.store(s![ds(k0, size), ..], dv_tile);
+    dq + ds_in.dot(kb)
 }
 
 /// dq, dk and dv in one pass for one (batch, kv head): every query block of every query

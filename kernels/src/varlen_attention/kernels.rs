@@ -7,7 +7,7 @@ use kernel_ir::dsl::prelude::*;
 use kernel_macros::{kernel, kernel_fn};
 
 use super::VarlenConfig;
-use crate::attention::bwd::{accumulate_rows, load_vector, store_rows};
+use crate::attention::bwd::{fused_grads, load_vector, store_rows};
 use crate::attention::fwd::{mxu_input, online_softmax_step, MASK_VALUE};
 use crate::common::load_tile;
 
@@ -346,21 +346,12 @@ fn fused_step(
     c: VarlenConfig,
 ) -> Tensor {
     let (qb, dob, lse_b, delta_b) = rows;
-    let (dk_acc, dv_acc) = acc;
     let kb = k.load(s![ds(k0, size), ..]);
     let vb = v.load(s![ds(k0, size), ..]);
-    let (p, grad) = probs_and_grad(
+    let pd = probs_and_grad(
         qb, kb, vb, dob, lse_b, delta_b, spans.0, spans.1, k0, size, true, c,
     );
-    let ds_in = mxu_input(grad, c.dtype);
-    accumulate_rows(dk_acc, k0, size, dot_general(ds_in, qb, true, false));
-    accumulate_rows(
-        dv_acc,
-        k0,
-        size,
-        dot_general(mxu_input(p, c.dtype), dob, true, false),
-    );
-    dq + ds_in.dot(kb)
+    fused_grads(pd, (qb, dob, kb), acc, k0, size, dq, c.dtype)
 }
 
 /// The refs of the fused backward that one query tile reads and writes.
