@@ -268,7 +268,6 @@ fn fusible(k: &Kernel) -> std::collections::HashSet<Value> {
         lanewise: bool,
     }
     let (mut defs, mut reads) = (HashMap::new(), HashMap::<Value, Vec<Read>>::new());
-    let mut computed = std::collections::HashSet::new();
     let mut region_id = 0;
     k.body.walk_regions(&mut |r| {
         for op in &r.ops {
@@ -281,12 +280,11 @@ fn fusible(k: &Kernel) -> std::collections::HashSet<Value> {
             }
             if op.kind.is_elementwise() {
                 defs.insert(op.results[0], (region_id, op));
-                computed.insert(op.results[0]);
             }
         }
         region_id += 1;
     });
-    defs.into_iter()
+    defs.iter()
         .filter(|(v, (region, op))| {
             let Some(reads) = reads.get(v) else {
                 return false;
@@ -294,9 +292,9 @@ fn fusible(k: &Kernel) -> std::collections::HashSet<Value> {
             reads.iter().all(|r| r.region == *region)
                 && (reads.len() == 1
                     || (reads.iter().all(|r| r.lanewise)
-                        && cheap_to_recompute(op, |x| computed.contains(&x))))
+                        && cheap_to_recompute(op, |x| defs.contains_key(&x))))
         })
-        .map(|(v, _)| v)
+        .map(|(v, _)| *v)
         .collect()
 }
 

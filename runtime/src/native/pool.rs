@@ -43,6 +43,13 @@ impl OpenMp {
     /// Each address is the function of that name in one loaded libgomp, which stays
     /// loaded for the life of the process.
     pub unsafe fn from_symbols(addresses: [*const c_void; 5]) -> OpenMp {
+        /// An address as a C function without arguments returning an `int`.
+        ///
+        /// # Safety
+        /// It is one.
+        unsafe fn nullary(address: *const c_void) -> unsafe extern "C" fn() -> c_int {
+            unsafe { std::mem::transmute(address) }
+        }
         // SAFETY: the caller's guarantee: these are libgomp's functions, whose C
         // signatures the fields declare.
         unsafe {
@@ -51,18 +58,10 @@ impl OpenMp {
                     *const c_void,
                     unsafe extern "C" fn(extern "C" fn(*mut c_void), *mut c_void, c_uint, c_uint),
                 >(addresses[0]),
-                thread_num: std::mem::transmute::<*const c_void, unsafe extern "C" fn() -> c_int>(
-                    addresses[1],
-                ),
-                num_threads: std::mem::transmute::<*const c_void, unsafe extern "C" fn() -> c_int>(
-                    addresses[2],
-                ),
-                max_threads: std::mem::transmute::<*const c_void, unsafe extern "C" fn() -> c_int>(
-                    addresses[3],
-                ),
-                in_parallel: std::mem::transmute::<*const c_void, unsafe extern "C" fn() -> c_int>(
-                    addresses[4],
-                ),
+                thread_num: nullary(addresses[1]),
+                num_threads: nullary(addresses[2]),
+                max_threads: nullary(addresses[3]),
+                in_parallel: nullary(addresses[4]),
             }
         }
     }
