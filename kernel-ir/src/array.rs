@@ -3,6 +3,7 @@
 //! so every float op computes in f32 and rounds its result.
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::types::{DType, TensorType};
 
@@ -33,11 +34,12 @@ impl ArrayData {
     }
 }
 
-/// A dense row-major array with a dtype and a static shape.
+/// A dense row-major array with a dtype and a static shape. Clones share the elements
+/// (copy on write: [`Array::data_mut`] copies them only while they are shared).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Array {
     ty: TensorType,
-    data: ArrayData,
+    data: Arc<ArrayData>,
 }
 
 /// Rounds an f32 to the precision of `dtype` (identity for f32 and non-floats).
@@ -178,7 +180,10 @@ impl Array {
             }
             _ => ArrayData::Bool(try_vec(what, n, value != 0.0 && !value.is_nan())?),
         };
-        Ok(Array { ty, data })
+        Ok(Array {
+            ty,
+            data: Arc::new(data),
+        })
     }
 
     /// [`Array::zeros`], allocated fallibly; the error names the array as `what`.
@@ -229,7 +234,10 @@ impl Array {
                 data.len()
             )));
         }
-        Ok(Array { ty, data })
+        Ok(Array {
+            ty,
+            data: Arc::new(data),
+        })
     }
 
     /// The array's type.
@@ -252,14 +260,19 @@ impl Array {
         &self.data
     }
 
-    /// Mutable element storage.
+    /// Mutable element storage (copied first if a clone shares it).
     pub fn data_mut(&mut self) -> &mut ArrayData {
-        &mut self.data
+        Arc::make_mut(&mut self.data)
+    }
+
+    /// The element storage, taken out (copied if a clone shares it).
+    pub fn into_data(self) -> ArrayData {
+        Arc::try_unwrap(self.data).unwrap_or_else(|shared| (*shared).clone())
     }
 
     /// Float elements, or `None` for i32/bool arrays.
     pub fn as_f32(&self) -> Option<&[f32]> {
-        match &self.data {
+        match &*self.data {
             ArrayData::Float(v) => Some(v),
             _ => None,
         }
@@ -283,7 +296,7 @@ impl Array {
 
     /// Every element widened to f64 (bools as 0/1), without allocating.
     pub fn iter_f64(&self) -> Box<dyn Iterator<Item = f64> + '_> {
-        match &self.data {
+        match &*self.data {
             ArrayData::Float(v) => Box::new(v.iter().map(|&x| f64::from(x))),
             ArrayData::Int(v) => Box::new(v.iter().map(|&x| f64::from(x))),
             ArrayData::Bool(v) => Box::new(v.iter().map(|&x| f64::from(u8::from(x)))),
@@ -292,6 +305,9 @@ impl Array {
 
     pub(crate) fn from_parts(ty: TensorType, data: ArrayData) -> Array {
         debug_assert_eq!(data.len() as u64, ty.num_elements());
-        Array { ty, data }
+        Array {
+            ty,
+            data: Arc::new(data),
+        }
     }
 }

@@ -1,8 +1,11 @@
-//! Shared pieces: random inputs, dtype tolerances, and kernel helpers for masking the
-//! ragged last block of an array.
+//! Shared pieces: random inputs, dtype tolerances, kernels built once per configuration,
+//! and kernel helpers for masking the ragged last block of an array.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use kernel_ir::dsl::prelude::*;
-use kernel_ir::{try_vec, try_with_capacity, AllocError, Array};
+use kernel_ir::{try_vec, try_with_capacity, AllocError, Array, Kernel};
 use kernel_macros::kernel_fn;
 use rand::{Rng, SeedableRng};
 
@@ -18,6 +21,36 @@ pub fn random_array(dtype: DType, shape: &[u64], seed: u64, scale: f32) -> Resul
     let mut data = try_with_capacity(what, n)?;
     data.extend((0..n).map(|_| rng.gen_range(-scale..scale)));
     Ok(Array::from_f32(dtype, shape.to_vec(), data)?)
+}
+
+/// Kernels [`built`] so far, by builder and configuration.
+static BUILT: Mutex<Option<HashMap<String, Arc<Kernel>>>> = Mutex::new(None);
+
+/// How many kernels [`BUILT`] keeps before it starts over.
+const BUILT_LIMIT: usize = 64;
+
+/// `build(c)`, or the kernel the same builder made before for an equal configuration:
+/// tracing a kernel (~0.3 ms for attention's) costs more than launching a small one, and
+/// ops that compute on the host between kernels run their builders on every call.
+pub(crate) fn built<C, F>(build: F, c: C) -> Result<Arc<Kernel>, BoxError>
+where
+    C: std::fmt::Debug,
+    F: FnOnce(C) -> Result<Kernel, BoxError>,
+{
+    // The builder's type names the function (each closure and fn item has its own).
+    let key = format!("{} {c:?}", std::any::type_name::<F>());
+    let memo = || BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(kernel) = memo().as_ref().and_then(|m| m.get(&key)) {
+        return Ok(kernel.clone());
+    }
+    let kernel = Arc::new(build(c)?);
+    let mut memo = memo();
+    let map = memo.get_or_insert_with(HashMap::new);
+    if map.len() >= BUILT_LIMIT {
+        map.clear();
+    }
+    map.insert(key, kernel.clone());
+    Ok(kernel)
 }
 
 /// A zeroed f64 vector for a reference result, allocated fallibly.

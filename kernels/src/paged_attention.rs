@@ -24,7 +24,7 @@ use kernel_ir::{Array, ArrayData, DimSemantics};
 use kernel_macros::kernel;
 use rand::{Rng, SeedableRng};
 
-use crate::common::{pid, random_array, tolerance_for, zero, zeros_f64};
+use crate::common::{built, pid, random_array, tolerance_for, zero, zeros_f64};
 use crate::{BoxError, Exec, Op, ParamDef, Params, Tolerance};
 
 /// Shapes of a paged-attention call.
@@ -400,7 +400,7 @@ impl Op for PagedAttention {
             .into());
         }
         c.check_tables(&inputs[0], &inputs[1])?;
-        exec(&c.kernel()?, inputs)
+        exec(&*built(PagedAttentionConfig::kernel, *c)?, inputs)
     }
 
     fn reference(c: &Self::Config, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {

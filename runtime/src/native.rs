@@ -324,15 +324,19 @@ pub mod buffers {
     }
 
     impl Block {
+        /// `len` bytes of whatever the pool held last, 16-byte aligned (the caller writes
+        /// them all before they are read); `None` when they cannot be had.
+        pub(super) fn uninit(len: usize) -> Option<Block> {
+            let ptr = malloc(len) as *mut u8;
+            (!ptr.is_null()).then_some(Block { ptr, len })
+        }
+
         /// `len` zeroed bytes, 16-byte aligned; `None` when they cannot be had.
         pub(super) fn zeroed(len: usize) -> Option<Block> {
-            let ptr = malloc(len) as *mut u8;
-            if ptr.is_null() {
-                return None;
-            }
+            let block = Block::uninit(len)?;
             // SAFETY: a live block of `len` bytes.
-            unsafe { std::ptr::write_bytes(ptr, 0, len) };
-            Some(Block { ptr, len })
+            unsafe { std::ptr::write_bytes(block.ptr, 0, len) };
+            Some(block)
         }
 
         /// The bytes.
@@ -463,23 +467,16 @@ fn element_bytes(d: DType) -> usize {
     }
 }
 
-/// Copies the rows (last-dim runs) of a `from`-shaped row-major array into the top-left
-/// corner of a `to`-shaped one (`pad`), or back (`!pad`).
-fn copy_rows<T: Copy>(src: &[T], dst: &mut [T], from: &[u64], to: &[u64], pad: bool) {
-    let (small, big) = if pad { (from, to) } else { (to, from) };
-    let Some((&row, outer)) = small.split_last() else {
-        dst[0] = src[0];
-        return;
-    };
+/// For each row (last-dim run) of a `small`-shaped row-major array, in order: its offset
+/// there, its offset in a `big`-shaped array that holds it in its top-left corner, and its
+/// length. Offsets in both only grow.
+fn rows_within<'s>(small: &'s [u64], big: &[u64]) -> impl Iterator<Item = [usize; 3]> + 's {
+    let (row, outer) = small.split_last().map_or((1, &[][..]), |(r, o)| (*r, o));
     let big_strides = kernel_ir::row_major_strides(big);
     let rows: u64 = outer.iter().product();
     let mut idx = vec![0u64; outer.len()];
-    for r in 0..rows {
+    (0..rows).map(move |r| {
         let big_off: u64 = idx.iter().zip(&big_strides).map(|(i, s)| i * s).sum();
-        let (s, d) = (r * row, big_off);
-        let (s, d) = if pad { (s, d) } else { (d, s) };
-        let (s, d, n) = (s as usize, d as usize, row as usize);
-        dst[d..d + n].copy_from_slice(&src[s..s + n]);
         for k in (0..idx.len()).rev() {
             idx[k] += 1;
             if idx[k] < outer[k] {
@@ -487,7 +484,38 @@ fn copy_rows<T: Copy>(src: &[T], dst: &mut [T], from: &[u64], to: &[u64], pad: b
             }
             idx[k] = 0;
         }
+        [(r * row) as usize, big_off as usize, row as usize]
+    })
+}
+
+/// Writes a `small`-shaped array into the top-left corner of a `big`-shaped one and zeroes
+/// the rest of it: every element of `dst` once.
+fn pad_rows<T: Copy + Default>(src: &[T], dst: &mut [T], small: &[u64], big: &[u64]) {
+    let mut written = 0;
+    for [s, d, n] in rows_within(small, big) {
+        dst[written..d].fill(T::default());
+        dst[d..d + n].copy_from_slice(&src[s..s + n]);
+        written = d + n;
     }
+    dst[written..].fill(T::default());
+}
+
+/// Copies the top-left `small`-shaped corner of a `big`-shaped array out.
+fn unpad_rows<T: Copy>(src: &[T], dst: &mut [T], big: &[u64], small: &[u64]) {
+    for [s, d, n] in rows_within(small, big) {
+        dst[s..s + n].copy_from_slice(&src[d..d + n]);
+    }
+}
+
+/// Cuts a `big`-shaped array down to its top-left `small`-shaped corner, in place: rows
+/// only move towards the start, so none is overwritten before it has moved.
+fn unpad_in_place<T: Copy>(v: &mut Vec<T>, big: &[u64], small: &[u64]) {
+    if big.get(1..) != small.get(1..) {
+        for [s, d, n] in rows_within(small, big) {
+            v.copy_within(d..d + n, s);
+        }
+    }
+    v.truncate(small.iter().product::<u64>() as usize);
 }
 
 /// A shape with its last dim counted in bytes (for byte-wise row copies).
@@ -594,6 +622,7 @@ impl Prepared {
                 "running in place on the caller's buffers, ",
                 inputs,
                 outputs,
+                false,
             )
         }
     }
@@ -707,27 +736,52 @@ impl Native {
     }
 }
 
-/// Allocates the outputs, runs the kernel on the arrays' storage, returns the outputs.
+/// Allocates the outputs at their padded shapes (so the kernel writes them in place),
+/// runs the kernel on the arrays' storage, and returns the outputs cut to their shapes.
 fn execute(
     kernel: &Kernel,
     module: &CpuModule,
     exe: &Jitted,
     inputs: &[Array],
 ) -> Result<Vec<Array>, crate::Error> {
-    let mut outputs: Vec<Array> = kernel
-        .refs_of(RefKind::Output)
-        .map(|(_, r)| Array::try_zeros(r.ty.clone(), &format!("out %{}", r.name)))
+    let io = kernel.refs.iter().filter(|r| r.kind != RefKind::Scratch);
+    let outputs: Vec<(&kernel_ir::RefDecl, &Vec<u64>)> = io
+        .zip(&module.padded_shapes)
+        .filter(|(r, _)| r.kind == RefKind::Output)
+        .collect();
+    let mut padded: Vec<Array> = outputs
+        .iter()
+        .map(|(r, shape)| {
+            let ty = TensorType::new(r.ty.dtype, shape.to_vec());
+            Array::try_zeros(ty, &format!("out %{}", r.name))
+        })
         .collect::<Result<_, _>>()
         .map_err(|e| crate::Error::Run(RunError::Alloc(e)))?;
     let input_ptrs: Vec<*const c_void> = inputs.iter().map(|a| data_ptr(a.data())).collect();
-    let output_ptrs: Vec<*mut c_void> = outputs
+    let output_ptrs: Vec<*mut c_void> = padded
         .iter_mut()
         .map(|a| data_ptr(a.data_mut()) as *mut c_void)
         .collect();
     // SAFETY: check_inputs matched every input to its type; outputs were just allocated
-    // with their types' sizes.
-    unsafe { execute_raw(kernel, module, exe, "", &input_ptrs, &output_ptrs) }?;
-    Ok(outputs)
+    // with their padded shapes' sizes.
+    unsafe { execute_raw(kernel, module, exe, "", &input_ptrs, &output_ptrs, true) }?;
+    outputs
+        .iter()
+        .zip(padded)
+        .map(|((r, shape), array)| {
+            if *shape == &r.ty.shape {
+                return Ok(array);
+            }
+            let mut data = array.into_data();
+            let small = &r.ty.shape;
+            match &mut data {
+                ArrayData::Float(v) => unpad_in_place(v, shape, small),
+                ArrayData::Int(v) => unpad_in_place(v, shape, small),
+                ArrayData::Bool(v) => unpad_in_place(v, shape, small),
+            }
+            Array::new(r.ty.clone(), data).map_err(|e| crate::Error::Native(e.to_string()))
+        })
+        .collect()
 }
 
 fn data_ptr(d: &ArrayData) -> *const c_void {
@@ -775,10 +829,12 @@ fn zigzag(w: u64, workers: u64) -> [(u64, u64); 2] {
 /// the kernel's I/O types), through padded copies where an array is not a whole number
 /// of blocks. A dynamic index that left its block is reported as an error (the access
 /// was redirected inside the block, so no memory outside the arrays was touched).
-/// `how` starts the debug line that says where it ran.
+/// `how` starts the debug line that says where it ran. With `outputs_padded` the outputs
+/// are already of their padded shapes (zeroed), and the kernel writes them directly.
 ///
 /// # Safety
-/// Each pointer addresses a whole array of its ref's type; outputs overlap nothing.
+/// Each pointer addresses a whole array of its ref's type (of its padded shape for
+/// outputs with `outputs_padded`); outputs overlap nothing.
 unsafe fn execute_raw(
     kernel: &Kernel,
     module: &CpuModule,
@@ -786,6 +842,7 @@ unsafe fn execute_raw(
     how: &str,
     inputs: &[*const c_void],
     outputs: &[*mut c_void],
+    outputs_padded: bool,
 ) -> Result<(), crate::Error> {
     // Blocks placed by scalar-prefetch reads are computed by the compiled code, which
     // trusts them: check every program's first.
@@ -802,17 +859,18 @@ unsafe fn execute_raw(
         kernel_ir::check_scalar_prefetch(kernel, &prefetch)?;
     }
     let io = kernel.refs.iter().filter(|r| r.kind != RefKind::Scratch);
-    // Padded copies (pooled, zeroed; aligned for f32/i32) and where outputs go back.
+    // Padded copies (pooled; aligned for f32/i32) and where outputs go back.
     let mut copies: Vec<buffers::Block> = Vec::new();
     let mut ptrs = Vec::with_capacity(module.padded_shapes.len());
     let mut unpad = Vec::new();
     let (mut ins, mut outs) = (inputs.iter(), outputs.iter());
     for (decl, padded) in io.zip(&module.padded_shapes) {
-        let user = match decl.kind {
-            RefKind::Input => *ins.next().expect("one pointer per input") as *mut c_void,
-            _ => *outs.next().expect("one pointer per output"),
+        let input = decl.kind == RefKind::Input;
+        let user = match input {
+            true => *ins.next().expect("one pointer per input") as *mut c_void,
+            false => *outs.next().expect("one pointer per output"),
         };
-        if *padded == decl.ty.shape {
+        if *padded == decl.ty.shape || (!input && outputs_padded) {
             ptrs.push(user);
             continue;
         }
@@ -823,15 +881,23 @@ unsafe fn execute_raw(
         );
         let big_len = big.iter().product::<u64>() as usize;
         let small_len = decl.ty.num_elements() as usize * eb;
-        let mut block = buffers::Block::zeroed(big_len).ok_or_else(|| {
+        // Outputs start zeroed (kernels may accumulate into them); inputs are written
+        // whole by `pad_rows`.
+        let block = if input {
+            buffers::Block::uninit(big_len)
+        } else {
+            buffers::Block::zeroed(big_len)
+        };
+        let mut block = block.ok_or_else(|| {
             crate::Error::Run(RunError::Alloc(kernel_ir::AllocError {
                 what: format!("the padded copy of %{} ({padded:?})", decl.name),
                 bytes: Some(big_len as u64),
             }))
         })?;
-        if decl.kind == RefKind::Input {
+        if input {
+            // SAFETY: the caller's input of `small_len` bytes.
             let src = unsafe { std::slice::from_raw_parts(user as *const u8, small_len) };
-            copy_rows(src, block.bytes(), &small, &big, true);
+            pad_rows(src, block.bytes(), &small, &big);
         } else {
             unpad.push((copies.len(), user, small, big, small_len));
         }
@@ -884,7 +950,7 @@ unsafe fn execute_raw(
     }
     for (i, user, small, big, small_len) in unpad {
         let dst = unsafe { std::slice::from_raw_parts_mut(user as *mut u8, small_len) };
-        copy_rows(copies[i].bytes(), dst, &big, &small, false);
+        unpad_rows(copies[i].bytes(), dst, &big, &small);
     }
     match fault[0] as usize {
         0 => Ok(()),
@@ -902,7 +968,35 @@ unsafe fn execute_raw(
 
 #[cfg(test)]
 mod tests {
-    use super::{buffers, zigzag};
+    use super::{buffers, pad_rows, unpad_in_place, unpad_rows, zigzag};
+
+    /// A `[2, 3]` array padded to `[4, 5]` (every element of the padded copy written,
+    /// whatever it held) and cut back, through a copy and in place; and padding along
+    /// the leading dim only, cut back by truncation.
+    #[test]
+    fn padding_writes_every_element_and_cutting_back_restores_the_array() {
+        let small: Vec<u32> = (1..=6).collect();
+        for (small_shape, big_shape) in [([2u64, 3], [4u64, 5]), ([2, 3], [3, 3]), ([2, 3], [2, 4])]
+        {
+            let big_len = big_shape.iter().product::<u64>() as usize;
+            let mut big = vec![u32::MAX; big_len];
+            pad_rows(&small, &mut big, &small_shape, &big_shape);
+            let cols = big_shape[1] as usize;
+            for (i, &x) in big.iter().enumerate() {
+                let (r, c) = (i / cols, i % cols);
+                let want = if r < 2 && c < 3 { small[r * 3 + c] } else { 0 };
+                assert_eq!(x, want, "{big_shape:?} element ({r}, {c})");
+            }
+            let mut back = vec![0; 6];
+            unpad_rows(&big, &mut back, &big_shape, &small_shape);
+            assert_eq!(back, small);
+            unpad_in_place(&mut big, &big_shape, &small_shape);
+            assert_eq!(big, small, "{big_shape:?} in place");
+        }
+        let mut scalar = vec![7u32];
+        unpad_in_place(&mut scalar, &[], &[]);
+        assert_eq!(scalar, [7]);
+    }
 
     #[test]
     fn freed_buffers_come_back_to_the_next_malloc_of_their_size() {

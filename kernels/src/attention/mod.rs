@@ -8,7 +8,7 @@ pub(crate) mod fwd;
 use kernel_ir::dsl::prelude::*;
 use kernel_ir::{AllocError, Array, DimSemantics};
 
-use crate::common::{block, pid, random_array, tolerance_for, zero, zeros_f64};
+use crate::common::{block, built, pid, random_array, tolerance_for, zero, zeros_f64};
 use crate::{BoxError, Chain, Exec, Op, ParamDef, Params, Source, Step, Tolerance, Tunable};
 
 /// Shapes and options of an attention call. q/o are `[batch, heads, q_len, head_dim]`,
@@ -607,7 +607,10 @@ impl Op for FlashAttentionBwd {
                 k,
                 v,
                 d_o,
-                exec(&c.forward()?, &[q.clone(), k.clone(), v.clone()])?,
+                exec(
+                    &*built(AttentionConfig::forward, *c)?,
+                    &[q.clone(), k.clone(), v.clone()],
+                )?,
             ),
             [q, k, v, d_o, o, lse] => (q, k, v, d_o, vec![o.clone(), lse.clone()]),
             _ => {
@@ -619,7 +622,11 @@ impl Op for FlashAttentionBwd {
             }
         };
         let (o, lse) = (&fwd[0], &fwd[1]);
-        let delta = exec(&c.backward_delta()?, &[o.clone(), d_o.clone()])?.remove(0);
+        let delta = exec(
+            &*built(AttentionConfig::backward_delta, *c)?,
+            &[o.clone(), d_o.clone()],
+        )?
+        .remove(0);
         let grads_in = [
             q.clone(),
             k.clone(),
@@ -629,10 +636,10 @@ impl Op for FlashAttentionBwd {
             delta,
         ];
         if c.fuses_backward() {
-            return exec(&c.backward_fused()?, &grads_in);
+            return exec(&*built(AttentionConfig::backward_fused, *c)?, &grads_in);
         }
-        let dq = exec(&c.backward_dq()?, &grads_in)?.remove(0);
-        let mut dkdv = exec(&c.backward_dkdv()?, &grads_in)?;
+        let dq = exec(&*built(AttentionConfig::backward_dq, *c)?, &grads_in)?.remove(0);
+        let mut dkdv = exec(&*built(AttentionConfig::backward_dkdv, *c)?, &grads_in)?;
         let dv = dkdv.remove(1);
         let dk = dkdv.remove(0);
         Ok(vec![dq, dk, dv])

@@ -13,7 +13,7 @@ use crate::common::load_tile;
 
 /// Scores of one (query tile, key tile) pair with each row's keys outside its span
 /// masked (unless `masked` is false: a tile every row sees whole): `[rows, size]`,
-/// already scaled.
+/// scaled by `scale` (1 for queries scaled beforehand).
 #[allow(clippy::too_many_arguments)]
 fn masked_scores(
     qb: Tensor,
@@ -25,7 +25,10 @@ fn masked_scores(
     scale: f64,
     masked: bool,
 ) -> Tensor {
-    let s = dot_general(qb, kb, false, true) * scale;
+    let mut s = dot_general(qb, kb, false, true);
+    if scale != 1.0 {
+        s *= scale;
+    }
     if !masked {
         return s;
     }
@@ -34,7 +37,8 @@ fn masked_scores(
     select(visible, s, MASK_VALUE)
 }
 
-/// One step of the online softmax over the key tile at `k0` (`size` rows).
+/// One step of the online softmax over the key tile at `k0` (`size` rows); f32 queries
+/// come scaled.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 fn attend(
@@ -51,7 +55,8 @@ fn attend(
 ) -> (Tensor, Tensor, Tensor) {
     let kb = k.load(s![ds(k0, size), ..]);
     let vb = v.load(s![ds(k0, size), ..]);
-    let scores = masked_scores(qb, kb, first, end, k0, size, c.scale, masked);
+    let scale = if c.dtype == DType::F32 { 1.0 } else { c.scale };
+    let scores = masked_scores(qb, kb, first, end, k0, size, scale, masked);
     online_softmax_step(scores, vb, state, c.dtype)
 }
 
@@ -73,7 +78,12 @@ pub(super) fn varlen_fwd(
     let (bq, bk, d) = (c.block_q, c.block_k, c.head_dim);
     let tile = program_id(1);
     let q0 = tile * bq;
-    let qb = load_tile(q, bq, d, q0, index(0), c.total_q, d);
+    let mut qb = load_tile(q, bq, d, q0, index(0), c.total_q, d);
+    // f32: scale the queries once instead of every score tile (bf16 scales the scores,
+    // so the matmul inputs stay exactly the stored values).
+    if c.dtype == DType::F32 {
+        qb *= c.scale;
+    }
     let first = load_vector(q_first, bq, q0, c.total_q);
     let end = load_vector(q_end, bq, q0, c.total_q);
     let (lo, from, to, hi) = tile_range(q_tiles, tile);

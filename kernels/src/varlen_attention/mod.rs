@@ -25,7 +25,7 @@ use kernel_ir::dsl::prelude::*;
 use kernel_ir::{try_vec, Array, ArrayData, DimSemantics, MemorySpace};
 use rand::{Rng, SeedableRng};
 
-use crate::common::{block, pid, random_array, tolerance_for, zero, zeros_f64};
+use crate::common::{block, built, pid, random_array, tolerance_for, zero, zeros_f64};
 use crate::{BoxError, Exec, Op, ParamDef, Params, Tolerance, Tunable};
 use kernels::{varlen_bwd_dkdv, varlen_bwd_dq, varlen_bwd_fused, varlen_fwd};
 pub use plan::{check_cu_seqlens, VarlenPlan};
@@ -607,7 +607,7 @@ impl Op for VarlenAttention {
         let plan = c.plan_arrays(inputs, 3)?;
         let mut args = inputs[..3].to_vec();
         args.extend(plan.query_arrays(c)?);
-        exec(&c.forward()?, &args)
+        exec(&*built(VarlenConfig::forward, *c)?, &args)
     }
 
     fn reference(c: &Self::Config, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
@@ -675,7 +675,7 @@ impl Op for VarlenAttentionBwd {
         let fwd = match inputs.get(6..8) {
             Some(saved) => saved.to_vec(),
             None => exec(
-                &c.forward()?,
+                &*built(VarlenConfig::forward, *c)?,
                 &[
                     q.clone(),
                     k.clone(),
@@ -700,9 +700,9 @@ impl Op for VarlenAttentionBwd {
             q_tiles,
         ];
         if c.fuses_backward() {
-            return exec(&c.backward_fused()?, &grads_in);
+            return exec(&*built(VarlenConfig::backward_fused, *c)?, &grads_in);
         }
-        let mut dq_delta = exec(&c.backward_dq()?, &grads_in)?;
+        let mut dq_delta = exec(&*built(VarlenConfig::backward_dq, *c)?, &grads_in)?;
         let delta = dq_delta.remove(1);
         let dq = dq_delta.remove(0);
         let k_tiles = Array::from_i32([c.k_tiles(), 2], plan.k_tiles)?;
@@ -717,7 +717,7 @@ impl Op for VarlenAttentionBwd {
             end,
             k_tiles,
         ];
-        let mut dkdv = exec(&c.backward_dkdv()?, &dkdv_in)?;
+        let mut dkdv = exec(&*built(VarlenConfig::backward_dkdv, *c)?, &dkdv_in)?;
         let dv = dkdv.remove(1);
         let dk = dkdv.remove(0);
         Ok(vec![dq, dk, dv])
