@@ -1,7 +1,7 @@
 //! The subcommands. Each returns a [`Failure`] carrying the exit code.
 
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kernel_ir::{parse_kernel, print_kernel, AllocError, Array, Kernel};
 use kernels::{all, compare, find, tuning, BoxError, LibraryKernel, Params};
@@ -191,19 +191,48 @@ pub fn run(
     }
 }
 
+/// How many timed calls: a fixed count, or as many as fit a time budget.
+#[derive(Clone, Copy)]
+pub(crate) enum Runs {
+    Count(usize),
+    /// At least [`MIN_BUDGET_RUNS`], at most [`MAX_BUDGET_RUNS`], else until the calls
+    /// have taken this long.
+    Budget(Duration),
+}
+
+/// The fewest calls a [`Runs::Budget`] times (a median of one is no median).
+const MIN_BUDGET_RUNS: usize = 3;
+/// The most calls a [`Runs::Budget`] times.
+const MAX_BUDGET_RUNS: usize = 101;
+
+/// How the demo times each row: enough calls of a small kernel that one slow call (this
+/// VM's neighbours) cannot move the median, three of a slow one.
+const DEMO_RUNS: Runs = Runs::Budget(Duration::from_millis(100));
+
 /// Median wall time of `runs` calls, in milliseconds.
 pub(crate) fn median_ms(
-    runs: usize,
+    runs: impl Into<Runs>,
     mut f: impl FnMut() -> Result<(), BoxError>,
 ) -> Result<f64, BoxError> {
-    let mut times = Vec::with_capacity(runs);
-    for _ in 0..runs {
+    let (least, most, budget) = match runs.into() {
+        Runs::Count(n) => (n, n, Duration::ZERO),
+        Runs::Budget(b) => (MIN_BUDGET_RUNS, MAX_BUDGET_RUNS, b),
+    };
+    let mut times = Vec::with_capacity(least);
+    let start = Instant::now();
+    while times.len() < least || (times.len() < most && start.elapsed() < budget) {
         let t = Instant::now();
         f()?;
         times.push(t.elapsed().as_secs_f64() * 1e3);
     }
     times.sort_by(f64::total_cmp);
     Ok(times[times.len() / 2])
+}
+
+impl From<usize> for Runs {
+    fn from(n: usize) -> Runs {
+        Runs::Count(n)
+    }
 }
 
 pub fn demo() -> Result<(), Failure> {
@@ -234,7 +263,7 @@ pub fn demo() -> Result<(), Failure> {
                 let inputs = k.inputs(&p, 0)?;
                 let (got, used) = execute(k, &p, &inputs, backend)?;
                 let c = compare(&got, &k.reference(&p, &inputs)?, k.tolerance(&p));
-                let (ms, _) = time_op(k, &p, &inputs, &got, used, 3)?;
+                let (ms, _) = time_op(k, &p, &inputs, &got, used, DEMO_RUNS)?;
                 Ok((c, ms))
             })();
             match outcome {
@@ -271,7 +300,7 @@ pub fn demo() -> Result<(), Failure> {
             };
             let want = k.reference(&p, &case.inputs)?;
             let c = torch.check(&want, k.tolerance(&p))?;
-            let ms = median_ms(3, || {
+            let ms = median_ms(DEMO_RUNS, || {
                 drop(torch.run());
                 Ok(())
             })?;
@@ -422,7 +451,7 @@ fn time_op(
     inputs: &[Array],
     outputs: &[Array],
     used: Backend,
-    runs: usize,
+    runs: impl Into<Runs> + Copy,
 ) -> Result<(f64, bool), BoxError> {
     match in_place_kernel(k, p, used, inputs, outputs) {
         Some(prepared) => {

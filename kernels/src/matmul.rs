@@ -111,12 +111,12 @@ const PARAMS: &[ParamDef] = &[
     },
     ParamDef {
         name: "bk",
-        default: "128",
+        default: "256",
         help: "block depth",
     },
     ParamDef {
         name: "bn",
-        default: "128",
+        default: "256",
         help: "block columns",
     },
     ParamDef {
