@@ -311,3 +311,31 @@ impl Array {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A clone shares the elements until one side writes: the write copies them, so the
+    /// other side keeps its values.
+    #[test]
+    fn clones_share_elements_until_one_writes() {
+        let a = Array::from_f32(DType::F32, vec![3], vec![1.0, 2.0, 3.0]).unwrap();
+        let mut b = a.clone();
+        assert!(
+            std::ptr::eq(a.data(), b.data()),
+            "a clone shares the elements"
+        );
+        if let ArrayData::Float(v) = b.data_mut() {
+            v[0] = 9.0;
+        }
+        assert_eq!(a.as_f32().unwrap(), [1.0, 2.0, 3.0]);
+        assert_eq!(b.as_f32().unwrap(), [9.0, 2.0, 3.0]);
+        let unique = b.data() as *const ArrayData;
+        assert!(
+            std::ptr::eq(b.data_mut(), unique),
+            "an unshared array writes in place"
+        );
+        assert_eq!(a.clone().into_data(), ArrayData::Float(vec![1.0, 2.0, 3.0]));
+    }
+}

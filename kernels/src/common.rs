@@ -165,3 +165,33 @@ pub fn store_tile(
         r.write(value);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::built;
+    use crate::attention::AttentionConfig;
+    use crate::{Op, Params};
+
+    /// A builder runs once per configuration: an equal configuration gets the same
+    /// kernel back, another configuration or builder its own.
+    #[test]
+    fn kernels_are_built_once_per_builder_and_configuration() {
+        let config = |causal: &str| {
+            let p = Params::with(
+                crate::attention::FlashAttention::PARAMS,
+                &[("q_len", "40"), ("kv_len", "40"), ("causal", causal)],
+            )
+            .unwrap();
+            crate::attention::FlashAttention::config(&p).unwrap()
+        };
+        let (causal, full) = (config("true"), config("false"));
+        let first = built(AttentionConfig::forward, causal).unwrap();
+        let again = built(AttentionConfig::forward, causal).unwrap();
+        assert!(std::sync::Arc::ptr_eq(&first, &again));
+        assert_eq!(*first, causal.forward().unwrap());
+        let other = built(AttentionConfig::forward, full).unwrap();
+        assert_ne!(*other, *first);
+        let delta = built(AttentionConfig::backward_delta, causal).unwrap();
+        assert_ne!(*delta, *first);
+    }
+}
