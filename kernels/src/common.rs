@@ -32,13 +32,16 @@ const BUILT_LIMIT: usize = 64;
 /// `build(c)`, or the kernel the same builder made before for an equal configuration:
 /// tracing a kernel (~0.3 ms for attention's) costs more than launching a small one, and
 /// ops that compute on the host between kernels run their builders on every call.
+/// `build` is a named function (its type names it; the closures of one function would
+/// share a name).
 pub(crate) fn built<C, F>(build: F, c: C) -> Result<Arc<Kernel>, BoxError>
 where
     C: std::fmt::Debug,
     F: FnOnce(C) -> Result<Kernel, BoxError>,
 {
-    // The builder's type names the function (each closure and fn item has its own).
-    let key = format!("{} {c:?}", std::any::type_name::<F>());
+    let builder = std::any::type_name::<F>();
+    debug_assert!(!builder.contains("{{closure}}"), "{builder} is a closure");
+    let key = format!("{builder} {c:?}");
     let memo = || BUILT.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(kernel) = memo().as_ref().and_then(|m| m.get(&key)) {
         return Ok(kernel.clone());
