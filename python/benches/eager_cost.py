@@ -7,7 +7,8 @@ on the same inputs, alternating, and prints medians (of `--repeats` timings, eac
 mean of enough calls to take ~20 ms) and their ratio (< 1: Tessera is faster). torch
 keeps its own 2 threads; Tessera's native backend uses both cores (small kernels run on
 the calling thread). The inference_mode row shows the dispatcher path alone: there
-PyTorch skips autograd kernels, which for Tessera's ops are Python.
+PyTorch skips autograd kernels (Tessera's are C++ for calls that need no gradient,
+Python for those that do; TESSERA_NATIVE_AUTOGRAD=0 keeps them all Python).
 """
 
 import argparse
@@ -68,6 +69,8 @@ def rows():
     qg, kg, vg = attention_inputs(grad=True)
     do = torch.randn(1, 8, 256, 64)
 
+    x1 = torch.randn(1, 8)
+    yield "softmax 1x8 (a call's fixed cost)", lambda: ops.softmax(x1), lambda: torch.softmax(x1, -1)
     yield "softmax 64x256", lambda: ops.softmax(x64), lambda: torch.softmax(x64, -1)
 
     def inference(fn):

@@ -17,6 +17,7 @@ use runtime::Backend;
 
 mod graph;
 mod library;
+mod native_autograd;
 mod torch_abi;
 mod torch_ops;
 
@@ -649,6 +650,20 @@ fn use_torch_threads() -> PyResult<usize> {
     Ok(runtime::native::use_openmp(omp))
 }
 
+/// Registers native autograd kernels for these `tessera` ops on CPU tensors: calls that
+/// need no gradient then skip the Python autograd kernels (which calls that do still
+/// reach). False when this build has none (PyTorch's headers were not found when it was
+/// built); `RuntimeError` when they were built for another PyTorch than
+/// `torch_version` (`2.13.0`) or do not load.
+#[pyfunction]
+fn register_native_autograd(names: Vec<String>, torch_version: &str) -> PyResult<bool> {
+    if !native_autograd::BUILT {
+        return Ok(false);
+    }
+    native_autograd::register("tessera", &names, torch_version).map_err(PyRuntimeError::new_err)?;
+    Ok(true)
+}
+
 /// What runs native grids with the calling thread: `openmp` (PyTorch's threads) or
 /// `tessera` (Tessera's own).
 #[pyfunction]
@@ -728,6 +743,7 @@ fn _tessera(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(register_cpu_kernels, m)?)?;
     m.add_function(wrap_pyfunction!(set_backend, m)?)?;
     m.add_function(wrap_pyfunction!(use_torch_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(register_native_autograd, m)?)?;
     m.add_function(wrap_pyfunction!(thread_pool, m)?)?;
     m.add_function(wrap_pyfunction!(current_backend, m)?)?;
     m.add_function(wrap_pyfunction!(launches::trace_launches, m)?)?;

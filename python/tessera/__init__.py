@@ -352,6 +352,10 @@ def _autograd_kernel(name, function=None):
             raise _python_error(e) from None
 
     _lib.impl(name, kernel, "Autograd", with_keyset=True)
+    _PYTHON_AUTOGRAD.append(name)
+
+
+_PYTHON_AUTOGRAD = []
 
 
 def _rotate_half(x):
@@ -478,6 +482,25 @@ _autograd_kernel("varlen_attention", _VarlenAttention)
 _autograd_kernel("flash_attention_bwd")  # no gradients of gradients
 _autograd_kernel("varlen_attention_bwd")
 _autograd_kernel("paged_attention")  # decoding: no gradients
+
+
+def autograd_kernels() -> str:
+    """What runs the ops' autograd step on CPU tensors: ``"native"`` (C++: a call that
+    needs no gradient enters no Python; one that does goes on to the Python kernel) or
+    ``"python"`` (the Python kernels alone)."""
+    return _autograd_kernels
+
+
+# The Python kernels above cost ~2.4 us a call, most of a small op's cost. The native ones
+# (built against this PyTorch's headers) take their place on CPU tensors unless
+# TESSERA_NATIVE_AUTOGRAD=0 or they cannot load (another PyTorch than the build's).
+_autograd_kernels = "python"
+if os.environ.get("TESSERA_NATIVE_AUTOGRAD", "1") != "0":
+    try:
+        if _tessera.register_native_autograd(_PYTHON_AUTOGRAD, torch.__version__.split("+")[0]):
+            _autograd_kernels = "native"
+    except RuntimeError as _e:
+        warnings.warn(f"tessera: the ops' autograd kernels stay in Python: {_e}")
 
 
 # ---- scaled_dot_product_attention override ---------------------------------------

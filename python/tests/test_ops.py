@@ -306,6 +306,64 @@ def test_errors_below_autograd_keep_the_python_exception_in_their_message():
             ops.softmax(torch.randn(3, 3, dtype=torch.float64))
 
 
+def python_frames_of(call):
+    """The Python functions of tessera/__init__.py that run during ``call()``."""
+    seen = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename == tessera.__file__:
+            seen.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+def test_calls_without_gradients_enter_no_python_autograd_kernel():
+    # This build has the C++ autograd kernels (src/autograd.cc) and registers them.
+    assert tessera.autograd_kernels() == "native"
+    assert re.search(r"AutogradCPU: registered at \S*autograd\.cc", torch._C._dispatch_dump_table("tessera::softmax"))
+    x = torch.randn(4, 8)
+    assert python_frames_of(lambda: ops.softmax(x)) == []
+    with torch.no_grad():
+        leaf = x.clone().requires_grad_()
+        assert python_frames_of(lambda: ops.softmax(leaf)) == []
+        assert not ops.softmax(leaf).requires_grad
+    # A call that needs gradients goes on to the Python kernel, which records the graph.
+    assert "kernel" in python_frames_of(lambda: ops.softmax(leaf))
+    y = ops.softmax(leaf)
+    assert type(y.grad_fn).__name__ == "softmax_functionBackward"
+    y.backward(torch.ones_like(y))
+    torch.testing.assert_close(leaf.grad, torch.zeros_like(leaf), atol=1e-6, rtol=0)
+
+
+def test_native_autograd_kernels_refuse_another_pytorch():
+    with pytest.raises(RuntimeError, match=r"built for PyTorch \d+\.\d+\.\d+, this is 9\.9\.9 \(rebuild the extension\)"):
+        tessera._tessera.register_native_autograd(["softmax"], "9.9.9")
+
+
+def test_python_autograd_kernels_on_request():
+    script = (
+        "import tessera, torch\n"
+        "x = torch.randn(3, 5, requires_grad=True)\n"
+        "torch.ops.tessera.softmax(x)[:, 0].sum().backward()\n"
+        "ref = x.detach().clone().requires_grad_()\n"
+        "torch.softmax(ref, -1)[:, 0].sum().backward()\n"
+        "torch.testing.assert_close(x.grad, ref.grad)\n"
+        "try:\n"
+        "    torch.ops.tessera.softmax(torch.ones(2, dtype=torch.float64))\n"
+        "except ValueError as e:\n"
+        "    print(tessera.autograd_kernels(), e)\n"
+    )
+    env = dict(os.environ, TESSERA_NATIVE_AUTOGRAD="0")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("python x: dtype torch.float64 is not supported"), out.stdout
+
+
 def test_attention_backward_takes_the_forwards_saved_results():
     q, k, v = torch.randn(1, 4, 9, 16), torch.randn(1, 2, 13, 16), torch.randn(1, 2, 13, 16)
     do = torch.randn_like(q)
