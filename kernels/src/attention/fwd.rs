@@ -97,7 +97,8 @@ pub(crate) fn key_blocks(q0: Tensor, full_blocks: u64, c: AttentionConfig) -> Ke
 }
 
 /// One step of the online softmax over keys `[k0, k0 + size)`; `masked` applies the
-/// causal and window masks (blocks every query sees whole need none). `q` is pre-scaled for f32.
+/// causal and window masks (blocks every query sees whole need none). `q` comes with
+/// its share of the scale ([`scale_split`]).
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 fn attend(
@@ -115,14 +116,25 @@ fn attend(
     let kb = k.load(s![ds(k0, size), ..]);
     let vb = v.load(s![ds(k0, size), ..]);
     let mut scores = dot_general(q, kb, false, true);
-    if c.dtype != DType::F32 {
-        scores *= c.scale;
+    let (_, score_factor) = scale_split(c.dtype, c.scale);
+    if score_factor != 1.0 {
+        scores *= score_factor;
     }
     scores = soft_cap(scores, c).0;
     if masked {
         scores = mask_scores(scores, c.block_q, size, q0, k0, c);
     }
     online_softmax_step(scores, vb, (m, l, acc), c.dtype)
+}
+
+/// Where the forward kernels apply `scale` in `softmax(q k^T * scale)`, as (factor of the
+/// query block, factor of every score block): f32 scales the queries once; bf16/f16
+/// scale the scores, so the matmul inputs stay exactly the stored values.
+pub(crate) fn scale_split(dtype: DType, scale: f64) -> (f64, f64) {
+    match dtype {
+        DType::F32 => (scale, 1.0),
+        _ => (1.0, scale),
+    }
 }
 
 /// Folds a block of scaled, masked `scores` and its values `vb` into the online softmax
@@ -158,10 +170,9 @@ pub(crate) fn flash_attention_fwd(
     let (bq, bk) = (c.block_q, c.block_k);
     let q0 = program_id(2) * bq;
     let mut qb = load_tile(q, bq, c.head_dim, q0, index(0), c.q_len, c.head_dim);
-    // f32: scale the queries once instead of every score block (bf16 scales the scores,
-    // so the matmul inputs stay exactly the stored values).
-    if c.dtype == DType::F32 {
-        qb *= c.scale;
+    let (query_factor, _) = scale_split(c.dtype, c.scale);
+    if query_factor != 1.0 {
+        qb *= query_factor;
     }
     let full_blocks = c.kv_len / bk;
     let tail = c.kv_len % bk;

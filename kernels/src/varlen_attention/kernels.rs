@@ -8,7 +8,7 @@ use kernel_macros::{kernel, kernel_fn};
 
 use super::VarlenConfig;
 use crate::attention::bwd::{fused_grads, load_vector, store_rows};
-use crate::attention::fwd::{mxu_input, online_softmax_step, MASK_VALUE};
+use crate::attention::fwd::{mxu_input, online_softmax_step, scale_split, MASK_VALUE};
 use crate::common::load_tile;
 
 /// Scores of one (query tile, key tile) pair with each row's keys outside its span
@@ -37,8 +37,8 @@ fn masked_scores(
     select(visible, s, MASK_VALUE)
 }
 
-/// One step of the online softmax over the key tile at `k0` (`size` rows); f32 queries
-/// come scaled.
+/// One step of the online softmax over the key tile at `k0` (`size` rows); the queries
+/// come with their share of the scale ([`scale_split`]).
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 fn attend(
@@ -55,8 +55,8 @@ fn attend(
 ) -> (Tensor, Tensor, Tensor) {
     let kb = k.load(s![ds(k0, size), ..]);
     let vb = v.load(s![ds(k0, size), ..]);
-    let scale = if c.dtype == DType::F32 { 1.0 } else { c.scale };
-    let scores = masked_scores(qb, kb, first, end, k0, size, scale, masked);
+    let (_, score_factor) = scale_split(c.dtype, c.scale);
+    let scores = masked_scores(qb, kb, first, end, k0, size, score_factor, masked);
     online_softmax_step(scores, vb, state, c.dtype)
 }
 
@@ -79,10 +79,9 @@ pub(super) fn varlen_fwd(
     let tile = program_id(1);
     let q0 = tile * bq;
     let mut qb = load_tile(q, bq, d, q0, index(0), c.total_q, d);
-    // f32: scale the queries once instead of every score tile (bf16 scales the scores,
-    // so the matmul inputs stay exactly the stored values).
-    if c.dtype == DType::F32 {
-        qb *= c.scale;
+    let (query_factor, _) = scale_split(c.dtype, c.scale);
+    if query_factor != 1.0 {
+        qb *= query_factor;
     }
     let first = load_vector(q_first, bq, q0, c.total_q);
     let end = load_vector(q_end, bq, q0, c.total_q);
