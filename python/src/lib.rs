@@ -20,6 +20,7 @@ mod library;
 mod native_autograd;
 mod torch_abi;
 mod torch_ops;
+mod user_kernels;
 
 /// A contiguous host buffer: address, shape, dtype name.
 pub(crate) type Buffer = (usize, Vec<u64>, String);
@@ -179,14 +180,7 @@ fn prepared_shared(
     }
     let (op, params) = tuned_op(kernel, params, requested, None)?;
     let built = op.build(&params).ok();
-    // A kernel the JIT cannot compile runs through arrays, where `auto` falls back.
-    let in_place = |kernel: &kernel_ir::Kernel| {
-        let native = in_place_types(kernel)
-            && runtime::resolve(requested, kernel).is_ok_and(|r| r.backend == Backend::Native);
-        native
-            .then(|| runtime::native::backend().prepare(kernel).ok())
-            .flatten()
-    };
+    let in_place = |kernel: &kernel_ir::Kernel| compiled_in_place(kernel, requested);
     let (native, chained) = match built.as_deref() {
         Some([single]) => (in_place(single), Vec::new()),
         Some(several) => (None, several.iter().map(in_place).collect()),
@@ -223,6 +217,20 @@ fn tuned_op(
     Ok((op, p))
 }
 
+/// `kernel` compiled to run natively on the callers' storage, when `requested` resolves to
+/// the native backend for it and its types allow that ([`in_place_types`]). A kernel the
+/// JIT cannot compile gives `None`: it runs through arrays, where `auto` falls back.
+pub(crate) fn compiled_in_place(
+    kernel: &kernel_ir::Kernel,
+    requested: Backend,
+) -> Option<runtime::native::Prepared> {
+    let native = in_place_types(kernel)
+        && runtime::resolve(requested, kernel).is_ok_and(|r| r.backend == Backend::Native);
+    native
+        .then(|| runtime::native::backend().prepare(kernel).ok())
+        .flatten()
+}
+
 /// Whether a kernel's inputs and outputs can be the callers' storage on the native
 /// backend: f32, i32 and bool elements (bf16/f16 arrays hold f32 there).
 fn in_place_types(kernel: &kernel_ir::Kernel) -> bool {
@@ -236,7 +244,7 @@ fn in_place_types(kernel: &kernel_ir::Kernel) -> bool {
 
 /// Runs `run` on the buffers' addresses with panics caught: the native in-place path.
 /// `context` names the call in errors. Returns the backend that ran (native).
-fn in_place(
+pub(crate) fn in_place(
     context: &dyn Fn() -> String,
     inputs: &[Buffer],
     outputs: &[Buffer],
@@ -379,7 +387,7 @@ fn run_chain(
 }
 
 /// Whether the buffers have exactly these types.
-fn buffers_match(buffers: &[Buffer], types: &[TensorType]) -> bool {
+pub(crate) fn buffers_match(buffers: &[Buffer], types: &[TensorType]) -> bool {
     buffers.len() == types.len()
         && buffers
             .iter()
@@ -650,17 +658,22 @@ fn use_torch_threads() -> PyResult<usize> {
     Ok(runtime::native::use_openmp(omp))
 }
 
-/// Registers native autograd kernels for these `tessera` ops on CPU tensors: calls that
+/// Registers native autograd kernels for these ops of `namespace` on CPU tensors: calls that
 /// need no gradient then skip the Python autograd kernels (which calls that do still
 /// reach). False when this build has none (PyTorch's headers were not found when it was
 /// built); `RuntimeError` when they were built for another PyTorch than
 /// `torch_version` (`2.13.0`) or do not load.
 #[pyfunction]
-fn register_native_autograd(names: Vec<String>, torch_version: &str) -> PyResult<bool> {
+#[pyo3(signature = (names, torch_version, namespace = "tessera"))]
+fn register_native_autograd(
+    names: Vec<String>,
+    torch_version: &str,
+    namespace: &str,
+) -> PyResult<bool> {
     if !native_autograd::BUILT {
         return Ok(false);
     }
-    native_autograd::register("tessera", &names, torch_version).map_err(PyRuntimeError::new_err)?;
+    native_autograd::register(namespace, &names, torch_version).map_err(PyRuntimeError::new_err)?;
     Ok(true)
 }
 

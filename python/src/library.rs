@@ -165,7 +165,7 @@ fn load_library(path: &str) -> PyResult<(usize, String, Vec<String>)> {
 }
 
 /// The kernel of op `op` of library `lib` for `request`, built and verified once.
-fn kernel(lib: usize, op: &str, request: &str) -> Result<Arc<Kernel>, OpError> {
+pub(crate) fn kernel(lib: usize, op: &str, request: &str) -> Result<Arc<Kernel>, OpError> {
     let (build, free, path) = {
         let libs = libraries().lock().unwrap_or_else(|e| e.into_inner());
         let l = libs
@@ -240,9 +240,21 @@ fn run_user(
     })?)
 }
 
+/// Registers native CPU kernels (`user_kernels`) for ops `[(name, [(argument, type)])]`
+/// of library `lib`, already defined in `namespace`.
+#[pyfunction]
+fn register_user_kernels(
+    lib: usize,
+    namespace: &str,
+    ops: Vec<(String, Vec<(String, String)>)>,
+) -> PyResult<()> {
+    crate::user_kernels::register(lib, namespace, ops).map_err(PyValueError::new_err)
+}
+
 /// Adds the library functions to the extension module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(load_library, m)?)?;
+    m.add_function(wrap_pyfunction!(register_user_kernels, m)?)?;
     m.add_function(wrap_pyfunction!(user_output_types, m)?)?;
     m.add_function(wrap_pyfunction!(run_user, m)?)?;
     Ok(())

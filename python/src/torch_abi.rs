@@ -37,11 +37,13 @@ pub(crate) struct Torch {
         *mut *mut c_void,
     ) -> Status,
     library_impl: unsafe extern "C" fn(*mut c_void, *const c_char, BoxedKernel) -> Status,
-    /// The codes of `torch.float32`, `torch.bfloat16`, `torch.float16` and `torch.int32`.
+    /// The codes of `torch.float32`, `torch.bfloat16`, `torch.float16`, `torch.int32`
+    /// and `torch.bool`.
     pub(crate) f32: i32,
     pub(crate) bf16: i32,
     pub(crate) f16: i32,
     pub(crate) i32: i32,
+    pub(crate) bool: i32,
     cpu: i32,
     /// Keeps libtorch mapped (it is, by `import torch`, for the life of the process).
     _lib: libloading::Library,
@@ -101,6 +103,7 @@ pub(crate) fn load(path: &str) -> Result<&'static Torch, String> {
         bf16: code(symbol!("aoti_torch_dtype_bfloat16")),
         f16: code(symbol!("aoti_torch_dtype_float16")),
         i32: code(symbol!("aoti_torch_dtype_int32")),
+        bool: code(symbol!("aoti_torch_dtype_bool")),
         cpu: code(symbol!("aoti_torch_device_type_cpu")),
         _lib: lib,
     };

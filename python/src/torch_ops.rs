@@ -232,7 +232,7 @@ unsafe fn call(
 impl OpError {
     /// The message a C++ exception carries: prefixed by the Python exception it stands
     /// for, except `RuntimeError` (what PyTorch raises for it anyway).
-    fn tagged(self) -> String {
+    pub(crate) fn tagged(self) -> String {
         match self {
             OpError::Bad(m) => format!("ValueError: {m}"),
             OpError::NoMemory(m) => format!("MemoryError: {m}"),

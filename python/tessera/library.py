@@ -11,10 +11,11 @@ the op with a PyTorch formula, or a backward op from the same library.
 
 import os
 import threading
+import warnings
 
 import torch
 
-from . import _backend, _tessera
+from . import _backend, _tessera, autograd_kernels
 
 _DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16",
                 torch.int32: "i32", torch.bool: "bool"}
@@ -57,8 +58,8 @@ def load_library(path):
         if lib not in _fragments:
             parsed = [_parse(path, namespace, s) for s in schemas]
             fragment = torch.library.Library(namespace, "FRAGMENT")
-            for schema, op in zip(schemas, parsed):
-                _register(fragment, lib, namespace, schema, op)
+            python_kernels = [_register(fragment, lib, namespace, s, op) for s, op in zip(schemas, parsed)]
+            _register_kernels(fragment, lib, namespace, parsed, python_kernels)
             _fragments[lib] = fragment
             _schemas[namespace] = {op.name.split("::", 1)[1]: op for op in parsed}
             _ids[namespace] = lib
@@ -117,7 +118,25 @@ def _request(op, bound):
     return "\n".join(lines) + "\n", tensors
 
 
+def _register_kernels(fragment, lib, namespace, ops, python_kernels):
+    """Registers the CPU kernels of ``ops``: native (Rust, as the library ops' are, behind
+    the native autograd kernels, which give their errors' Python type) when this build
+    has them, else ``python_kernels``."""
+    names = [op.name.split("::", 1)[1] for op in ops]
+    if autograd_kernels() == "native":
+        try:
+            _tessera.register_native_autograd(names, torch.__version__.split("+")[0], namespace)
+            _tessera.register_user_kernels(
+                lib, namespace, [(n, [(a.name, str(a.type)) for a in op.arguments]) for n, op in zip(names, ops)])
+            return
+        except (ValueError, RuntimeError) as e:
+            warnings.warn(f"tessera: {namespace}: the ops' CPU kernels stay in Python: {e}")
+    for name, kernel in zip(names, python_kernels):
+        fragment.impl(name, kernel, "CPU")
+
+
 def _register(fragment, lib, namespace, schema, op):
+    """Defines ``op`` with its fake kernel; returns its Python CPU kernel."""
     name = op.name.split("::", 1)[1]
     fragment.define(schema)
 
@@ -148,5 +167,5 @@ def _register(fragment, lib, namespace, schema, op):
         outputs = [torch.empty(shape, dtype=dtype, device=device) for dtype, shape in output_types(request)]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
-    fragment.impl(name, kernel, "CPU")
     torch.library.register_fake(f"{namespace}::{name}", fake, lib=fragment)
+    return kernel

@@ -3,7 +3,9 @@
 checked against PyTorch on every backend, with opcheck, torch.compile, autograd through
 a PyTorch formula, and bad libraries and arguments."""
 
+import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -106,6 +108,48 @@ def test_torch_compile_fullgraph(user_ops):
 def test_loading_twice_gives_the_same_ops(user_ops):
     again = tessera.load_library(TARGET / "release/libuser_ops.so")
     assert again.add_rms_norm is user_ops.add_rms_norm
+
+
+def test_calls_run_no_python_below_the_op(user_ops):
+    # This build registers native CPU kernels for user ops, as for the library's.
+    table = torch._C._dispatch_dump_table("user_ops::add_rms_norm")
+    assert re.search(r"^CPU: registered at \S*torch_abi\.rs", table, re.M), table
+    x, r, w = torch.randn(4, 8), torch.randn(4, 8), torch.rand(8)
+    seen = []
+
+    def profile(frame, event, arg):
+        if event == "call" and "tessera" in frame.f_code.co_filename:
+            seen.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        o, h = user_ops.add_rms_norm(x, r, w, 1e-5)
+    finally:
+        sys.setprofile(None)
+    assert seen == []
+    close(o, add_rms_norm_ref(x, r, w, 1e-5)[0], torch.float32)
+
+
+def test_python_kernels_when_native_autograd_is_off(user_ops):
+    # Without the native autograd kernels (which give native errors their Python type)
+    # user ops keep Python CPU kernels: same results, same errors.
+    script = (
+        "import re, sys, torch, tessera\n"
+        f"ops = tessera.load_library({str(TARGET / 'release/libuser_ops.so')!r})\n"
+        "table = torch._C._dispatch_dump_table('user_ops::add_rms_norm')\n"
+        "assert re.search(r'^CPU: registered at \\S*library\\.py', table, re.M), table\n"
+        "x = torch.ones(2, 4)\n"
+        "o, h = ops.add_rms_norm(x, x, torch.ones(4), 0.0)\n"
+        "torch.testing.assert_close(o, torch.ones(2, 4))\n"
+        "try:\n"
+        "    ops.bias_gelu_tanh(torch.zeros(4, 8, dtype=torch.int64), torch.ones(8))\n"
+        "except ValueError as e:\n"
+        "    print(e)\n"
+    )
+    env = dict(os.environ, TESSERA_NATIVE_AUTOGRAD="0")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "x: dtype torch.int64 is not supported" in out.stdout, out.stdout
 
 
 def test_bad_arguments_name_the_argument(user_ops):

@@ -1,0 +1,294 @@
+//! The CPU kernels of user ops (`tessera.load_library`): boxed Rust functions registered
+//! through PyTorch's stable C interface, as the library ops' are, so an eager call of a
+//! user op runs no Python below autograd either. A kernel reads its tensor and scalar
+//! arguments off the stack, writes the build request the library's op takes (the same
+//! text as graph mode's), builds the kernel once per request, allocates the results
+//! with PyTorch and runs the kernel on the tensors' storage.
+//!
+//! PyTorch calls a boxed kernel with its stack alone, so each registered op takes one of
+//! [`SLOTS`] functions, each knowing its slot's index.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex, RwLock};
+
+use kernel_ir::Kernel;
+use runtime::native::Prepared;
+use runtime::Backend;
+
+use crate::library::kernel;
+use crate::torch_abi::{self, torch, BoxedKernel, Handle, StableIValue, Tensor};
+use crate::torch_ops::backend;
+use crate::{buffers_match, compiled_in_place, in_place, launches, Buffer, HostCall, OpError};
+
+/// How many user ops a process can register with native kernels.
+pub(crate) const SLOTS: usize = 64;
+
+/// What a user op's argument is on the stack (`Tensor`, `float`, `int` or `bool`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum ArgKind {
+    Tensor,
+    Float,
+    Int,
+    Bool,
+}
+
+/// A registered user op: its library, names and arguments.
+struct UserOp {
+    lib: usize,
+    /// `namespace::name`, for messages.
+    qualified: String,
+    name: String,
+    args: Vec<(String, ArgKind)>,
+}
+
+static OPS: RwLock<Vec<UserOp>> = RwLock::new(Vec::new());
+
+/// Registers native CPU kernels for ops `(name, [(argument, type)])` of library `lib`
+/// (defined beforehand in `namespace`). Fails naming the op when the slots run out or an
+/// argument type is not one op libraries take.
+pub(crate) fn register(
+    lib: usize,
+    namespace: &str,
+    ops: Vec<(String, Vec<(String, String)>)>,
+) -> Result<(), String> {
+    let mut table = OPS.write().unwrap_or_else(|e| e.into_inner());
+    if table.len() + ops.len() > SLOTS {
+        return Err(format!(
+            "{namespace}: a process can register at most {SLOTS} user ops with native \
+             kernels, {} are registered",
+            table.len()
+        ));
+    }
+    let mut parsed = Vec::with_capacity(ops.len());
+    for (name, args) in ops {
+        let qualified = format!("{namespace}::{name}");
+        let args = args
+            .into_iter()
+            .map(|(arg, ty)| match ty.as_str() {
+                "Tensor" => Ok((arg, ArgKind::Tensor)),
+                "float" => Ok((arg, ArgKind::Float)),
+                "int" => Ok((arg, ArgKind::Int)),
+                "bool" => Ok((arg, ArgKind::Bool)),
+                _ => Err(format!("{qualified}: argument `{arg}` has type {ty}")),
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        parsed.push(UserOp {
+            lib,
+            qualified,
+            name,
+            args,
+        });
+    }
+    let kernels: Vec<(String, BoxedKernel)> = parsed
+        .iter()
+        .zip(&KERNELS[table.len()..])
+        .map(|(op, k)| (op.name.clone(), *k))
+        .collect();
+    table.extend(parsed);
+    let named: Vec<(&str, BoxedKernel)> = kernels.iter().map(|(n, k)| (n.as_str(), *k)).collect();
+    torch_abi::torch().register_cpu(namespace, &named)
+}
+
+/// The boxed kernel of slot `I`.
+extern "C-unwind" fn boxed<const I: usize>(stack: *mut StableIValue, args: u64, results: u64) {
+    let table = OPS.read().unwrap_or_else(|e| e.into_inner());
+    let op = &table[I];
+    // SAFETY: PyTorch calls with a stack of `max(args, results)` values laid out by the
+    // op's schema, whose arguments `op.args` lists.
+    let outcome = catch_unwind(AssertUnwindSafe(|| unsafe {
+        call(I, op, stack, args, results)
+    }));
+    let message = match outcome {
+        Ok(Ok(())) => return,
+        Ok(Err(e)) => e.tagged(),
+        Err(_) => format!("{}: internal error (panic)", op.qualified),
+    };
+    drop(table);
+    torch_abi::throw(&message)
+}
+
+macro_rules! slots {
+    ($($i:literal)*) => { [$(boxed::<$i> as BoxedKernel),*] };
+}
+
+/// One kernel per slot.
+const KERNELS: [BoxedKernel; SLOTS] = slots!(
+    0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31
+    32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60
+    61 62 63
+);
+
+/// Reads the arguments (taking ownership of every tensor handle first, so all are freed
+/// whatever happens), builds and runs the op's kernel, and puts its results on the stack.
+///
+/// # Safety
+/// `stack` must hold `max(args, results)` values laid out by `op`'s schema.
+unsafe fn call(
+    index: usize,
+    op: &UserOp,
+    stack: *mut StableIValue,
+    args: u64,
+    results: u64,
+) -> Result<(), OpError> {
+    let slots = std::slice::from_raw_parts_mut(stack, args.max(results) as usize);
+    let values: Vec<(&str, ArgKind, StableIValue, Option<Tensor>)> = op
+        .args
+        .iter()
+        .zip(slots.iter())
+        .map(|((arg, kind), &v)| {
+            let tensor = (*kind == ArgKind::Tensor).then(|| Tensor::from_raw(v as Handle));
+            (arg.as_str(), *kind, v, tensor)
+        })
+        .collect();
+    // The request: one `name value` line per argument, as graph mode writes it.
+    let mut request = String::new();
+    let mut inputs: Vec<(Tensor, Buffer)> = Vec::new();
+    for (arg, kind, value, tensor) in values {
+        let scalar = match (kind, tensor) {
+            (_, Some(t)) => {
+                let (t, buffer) = input(op, arg, t)?;
+                let dims: Vec<String> = buffer.1.iter().map(u64::to_string).collect();
+                let _ = writeln!(request, "{arg} {}[{}]", buffer.2, dims.join(", "));
+                inputs.push((t, buffer));
+                continue;
+            }
+            (ArgKind::Int, _) => value as i64 as f64,
+            (ArgKind::Bool, _) => f64::from(u8::from(value & 0xff != 0)),
+            _ => f64::from_bits(value),
+        };
+        let _ = writeln!(request, "{arg} {scalar:?}");
+    }
+    let requested = backend();
+    let built = built(index, op, requested, request)?;
+    let k = &built.kernel;
+    let mut outputs: Vec<(Tensor, Buffer)> = Vec::new();
+    for ty in k.output_types() {
+        let code = dtype_code(ty.dtype.name())
+            .ok_or_else(|| OpError::Failed(format!("{}: its kernel returns {ty}", op.qualified)))?;
+        let t = Tensor::empty(&ty.shape, code).map_err(OpError::NoMemory)?;
+        let buffer = (t.data(), ty.shape.clone(), ty.dtype.name().to_string());
+        outputs.push((t, buffer));
+    }
+    if outputs.len() as u64 != results {
+        return Err(OpError::Failed(format!(
+            "{}: its kernel makes {} results, the schema has {results}",
+            op.qualified,
+            outputs.len()
+        )));
+    }
+    let in_buffers: Vec<Buffer> = inputs.iter().map(|(_, b)| b.clone()).collect();
+    let out_buffers: Vec<Buffer> = outputs.iter().map(|(_, b)| b.clone()).collect();
+    let context = || format!("op `{}`", op.name);
+    match &built.native {
+        Some(native)
+            if buffers_match(&in_buffers, native.input_types())
+                && buffers_match(&out_buffers, native.output_types()) =>
+        {
+            // SAFETY: contiguous buffers of exactly these types (checked above), the
+            // outputs fresh.
+            in_place(&context, &in_buffers, &out_buffers, |ins, outs| unsafe {
+                native.run_in_place(ins, outs)
+            })?
+        }
+        _ => HostCall::new(context(), requested, &in_buffers, &out_buffers)?.run_kernel(k)?,
+    };
+    for (slot, (t, _)) in slots.iter_mut().zip(outputs) {
+        *slot = t.into_raw() as StableIValue;
+    }
+    Ok(())
+}
+
+/// A user op's kernel for one request and backend asked for, with its compiled form when
+/// it runs natively on the tensors' storage.
+struct Built {
+    kernel: Arc<Kernel>,
+    native: Option<Prepared>,
+}
+
+/// Built kernels remembered, at most this many (the memo then restarts).
+const BUILT_LIMIT: usize = 1024;
+
+/// The kernel of the op in slot `index` for `request` on backend `requested`, built and
+/// compiled once (later calls only look it up).
+fn built(
+    index: usize,
+    op: &UserOp,
+    requested: Backend,
+    request: String,
+) -> Result<Arc<Built>, OpError> {
+    type Memo = HashMap<(usize, Backend, String), Arc<Built>>;
+    static MEMO: Mutex<Option<Memo>> = Mutex::new(None);
+    let key = (index, requested, request);
+    if let Some(hit) = MEMO
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .and_then(|m| m.get(&key))
+    {
+        launches::record(|| format!("user op {} {}", op.name, key.2));
+        return Ok(hit.clone());
+    }
+    let kernel = kernel(op.lib, &op.name, &key.2)?;
+    launches::record(|| format!("user op {} {}", op.name, key.2));
+    let native = compiled_in_place(&kernel, requested);
+    let built = Arc::new(Built { kernel, native });
+    let mut memo = MEMO.lock().unwrap_or_else(|e| e.into_inner());
+    let memo = memo.get_or_insert_with(HashMap::new);
+    if memo.len() >= BUILT_LIMIT {
+        memo.clear();
+    }
+    memo.insert(key, built.clone());
+    Ok(built)
+}
+
+/// A checked tensor argument, made contiguous, and its buffer.
+fn input(op: &UserOp, arg: &str, t: Tensor) -> Result<(Tensor, Buffer), OpError> {
+    if !t.is_cpu() {
+        return Err(OpError::Bad(format!(
+            "{}: {arg}: Tessera ops run on CPU tensors",
+            op.qualified
+        )));
+    }
+    let dtype = dtype_name(&t).ok_or_else(|| {
+        OpError::Bad(format!(
+            "{}: {arg}: dtype {} is not supported (torch.float32, torch.bfloat16, \
+             torch.float16, torch.int32, torch.bool)",
+            op.qualified,
+            torch().dtype_name(t.dtype())
+        ))
+    })?;
+    let shape = t.shape();
+    let t = t.contiguous().map_err(OpError::Failed)?;
+    let buffer = (t.data(), shape, dtype.to_string());
+    Ok((t, buffer))
+}
+
+/// Tessera's name of a tensor's dtype, if op libraries take it.
+fn dtype_name(t: &Tensor) -> Option<&'static str> {
+    let (torch, code) = (torch(), t.dtype());
+    [
+        (torch.f32, "f32"),
+        (torch.bf16, "bf16"),
+        (torch.f16, "f16"),
+        (torch.i32, "i32"),
+        (torch.bool, "bool"),
+    ]
+    .into_iter()
+    .find(|(c, _)| *c == code)
+    .map(|(_, name)| name)
+}
+
+/// PyTorch's code of a Tessera dtype name.
+fn dtype_code(name: &str) -> Option<i32> {
+    let t = torch();
+    match name {
+        "f32" => Some(t.f32),
+        "bf16" => Some(t.bf16),
+        "f16" => Some(t.f16),
+        "i32" => Some(t.i32),
+        "bool" => Some(t.bool),
+        _ => None,
+    }
+}
