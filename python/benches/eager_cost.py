@@ -12,6 +12,7 @@ Python for those that do; TESSERA_NATIVE_AUTOGRAD=0 keeps them all Python).
 """
 
 import argparse
+import pathlib
 import statistics
 import time
 
@@ -21,6 +22,9 @@ import torch.nn.functional as F
 import tessera
 
 ops = torch.ops.tessera
+# The example op library (python/examples/user_ops), as python/tests/test_user_ops.py
+# builds it; its row is left out when it is not built.
+USER_OPS = pathlib.Path(__file__).resolve().parents[2] / "target/outside-crate/release/libuser_ops.so"
 
 
 def per_call(fn, budget=0.02):
@@ -83,6 +87,11 @@ def rows():
            inference(lambda: torch.softmax(x64, -1)))
     yield ("rms_norm 64x256", lambda: ops.rms_norm(x64, w256, 1e-5),
            lambda: F.rms_norm(x64, (256,), w256, 1e-5))
+    if USER_OPS.exists():
+        user = tessera.load_library(USER_OPS)
+        r64 = torch.randn(64, 256)
+        yield ("user op add_rms_norm 64x256 (example crate)", lambda: user.add_rms_norm(x64, r64, w256, 1e-5),
+               lambda: (F.rms_norm(x64 + r64, (256,), w256, 1e-5), x64 + r64))
     yield "softmax 512x2048", lambda: ops.softmax(x512), lambda: torch.softmax(x512, -1)
     yield "swiglu 256x4096", lambda: ops.swiglu(g, u), lambda: F.silu(g) * u
     yield ("flash_attention GQA 8/2, S256, D64, causal",
@@ -94,7 +103,7 @@ def rows():
                    (qg, kg, vg), do))
 
 
-def print_table(doc, rows, repeats=15, width=42):
+def print_table(doc, rows, repeats=15, width=44):
     """Parses ``--repeats`` (default ``repeats``), times ``rows`` (name, tessera, torch)
     and prints the markdown table."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
