@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import tessera  # noqa: F401  (registers the ops)
+from helpers import python_frames_of, run_without_native_autograd
 
 ops = torch.ops.tessera
 torch.manual_seed(0)
@@ -306,34 +307,18 @@ def test_errors_below_autograd_keep_the_python_exception_in_their_message():
             ops.softmax(torch.randn(3, 3, dtype=torch.float64))
 
 
-def python_frames_of(call):
-    """The Python functions of tessera/__init__.py that run during ``call()``."""
-    seen = []
-
-    def profile(frame, event, arg):
-        if event == "call" and frame.f_code.co_filename == tessera.__file__:
-            seen.append(frame.f_code.co_name)
-
-    sys.setprofile(profile)
-    try:
-        call()
-    finally:
-        sys.setprofile(None)
-    return seen
-
-
 def test_calls_without_gradients_enter_no_python_autograd_kernel():
     # This build has the C++ autograd kernels (src/autograd.cc) and registers them.
     assert tessera.autograd_kernels() == "native"
     assert re.search(r"AutogradCPU: registered at \S*autograd\.cc", torch._C._dispatch_dump_table("tessera::softmax"))
     x = torch.randn(4, 8)
-    assert python_frames_of(lambda: ops.softmax(x)) == []
+    assert python_frames_of(lambda: ops.softmax(x), tessera.__file__) == []
     with torch.no_grad():
         leaf = x.clone().requires_grad_()
-        assert python_frames_of(lambda: ops.softmax(leaf)) == []
+        assert python_frames_of(lambda: ops.softmax(leaf), tessera.__file__) == []
         assert not ops.softmax(leaf).requires_grad
     # A call that needs gradients goes on to the Python kernel, which records the graph.
-    assert "kernel" in python_frames_of(lambda: ops.softmax(leaf))
+    assert "kernel" in python_frames_of(lambda: ops.softmax(leaf), tessera.__file__)
     y = ops.softmax(leaf)
     assert type(y.grad_fn).__name__ == "softmax_functionBackward"
     y.backward(torch.ones_like(y))
@@ -358,10 +343,8 @@ def test_python_autograd_kernels_on_request():
         "except ValueError as e:\n"
         "    print(tessera.autograd_kernels(), e)\n"
     )
-    env = dict(os.environ, TESSERA_NATIVE_AUTOGRAD="0")
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("python x: dtype torch.float64 is not supported"), out.stdout
+    out = run_without_native_autograd(script)
+    assert out.startswith("python x: dtype torch.float64 is not supported"), out
 
 
 def test_attention_backward_takes_the_forwards_saved_results():

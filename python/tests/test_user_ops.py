@@ -3,7 +3,6 @@
 checked against PyTorch on every backend, with opcheck, torch.compile, autograd through
 a PyTorch formula, and bad libraries and arguments."""
 
-import os
 import pathlib
 import re
 import shutil
@@ -15,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import tessera
+from helpers import python_frames_of, run_without_native_autograd
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CRATE = REPO / "python/examples/user_ops/Cargo.toml"
@@ -115,19 +115,8 @@ def test_calls_run_no_python_below_the_op(user_ops):
     table = torch._C._dispatch_dump_table("user_ops::add_rms_norm")
     assert re.search(r"^CPU: registered at \S*torch_abi\.rs", table, re.M), table
     x, r, w = torch.randn(4, 8), torch.randn(4, 8), torch.rand(8)
-    seen = []
-
-    def profile(frame, event, arg):
-        if event == "call" and "tessera" in frame.f_code.co_filename:
-            seen.append(frame.f_code.co_name)
-
-    sys.setprofile(profile)
-    try:
-        o, h = user_ops.add_rms_norm(x, r, w, 1e-5)
-    finally:
-        sys.setprofile(None)
-    assert seen == []
-    close(o, add_rms_norm_ref(x, r, w, 1e-5)[0], torch.float32)
+    assert python_frames_of(lambda: user_ops.add_rms_norm(x, r, w, 1e-5), "tessera") == []
+    close(user_ops.add_rms_norm(x, r, w, 1e-5)[0], add_rms_norm_ref(x, r, w, 1e-5)[0], torch.float32)
 
 
 def test_python_kernels_when_native_autograd_is_off(user_ops):
@@ -146,10 +135,8 @@ def test_python_kernels_when_native_autograd_is_off(user_ops):
         "except ValueError as e:\n"
         "    print(e)\n"
     )
-    env = dict(os.environ, TESSERA_NATIVE_AUTOGRAD="0")
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert "x: dtype torch.int64 is not supported" in out.stdout, out.stdout
+    out = run_without_native_autograd(script)
+    assert "x: dtype torch.int64 is not supported" in out, out
 
 
 def test_bad_arguments_name_the_argument(user_ops):

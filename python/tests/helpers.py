@@ -1,0 +1,31 @@
+"""Helpers the test modules share."""
+
+import os
+import subprocess
+import sys
+
+
+def python_frames_of(call, in_file):
+    """The names of the Python functions defined in files whose path contains
+    ``in_file`` that run during ``call()``."""
+    seen = []
+
+    def profile(frame, event, arg):
+        if event == "call" and in_file in frame.f_code.co_filename:
+            seen.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+def run_without_native_autograd(script):
+    """Runs ``script`` in a fresh interpreter with ``TESSERA_NATIVE_AUTOGRAD=0``; returns
+    its standard output (asserting it succeeded)."""
+    env = dict(os.environ, TESSERA_NATIVE_AUTOGRAD="0")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
