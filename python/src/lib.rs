@@ -249,11 +249,11 @@ pub(crate) fn in_place(
     inputs: &[Buffer],
     outputs: &[Buffer],
     run: impl FnOnce(&[*const std::ffi::c_void], &[*mut std::ffi::c_void]) -> Result<(), runtime::Error>,
-) -> Result<String, OpError> {
+) -> Result<&'static str, OpError> {
     let ins: Vec<*const std::ffi::c_void> = inputs.iter().map(|b| b.0 as *const _).collect();
     let outs: Vec<*mut std::ffi::c_void> = outputs.iter().map(|b| b.0 as *mut _).collect();
     match catch_unwind(AssertUnwindSafe(|| run(&ins, &outs))) {
-        Ok(Ok(())) => Ok(Backend::Native.name().to_string()),
+        Ok(Ok(())) => Ok(Backend::Native.name()),
         Ok(Err(e)) => Err(OpError::from_run(context(), &e)),
         Err(_) => Err(OpError::Failed(format!(
             "{}: internal error (panic)",
@@ -271,7 +271,7 @@ fn run_chain(
     context: &dyn Fn() -> String,
     inputs: &[Buffer],
     outputs: &[Buffer],
-) -> Option<Result<String, OpError>> {
+) -> Option<Result<&'static str, OpError>> {
     use kernels::Source;
     let chain = prepared.op.chain(&prepared.params, inputs.len())?;
     if chain.outputs.len() != outputs.len() {
@@ -383,7 +383,7 @@ fn run_chain(
         produced.push(step_outs);
     }
     drop(scratch);
-    Some(Ok(Backend::Native.name().to_string()))
+    Some(Ok(Backend::Native.name()))
 }
 
 /// Whether the buffers have exactly these types.
@@ -426,7 +426,7 @@ impl<'a> HostCall<'a> {
 
     /// Runs one kernel whose types match the buffers': in place when it can, else
     /// through arrays on the backend `runtime` chooses.
-    pub(crate) fn run_kernel(&self, kernel: &kernel_ir::Kernel) -> Result<String, OpError> {
+    pub(crate) fn run_kernel(&self, kernel: &kernel_ir::Kernel) -> Result<&'static str, OpError> {
         if kernel.input_types() != self.in_types || kernel.output_types() != self.out_types {
             let names = |ts: &[TensorType]| ts.iter().map(ToString::to_string).collect::<Vec<_>>();
             return Err(OpError::Bad(format!(
@@ -450,7 +450,7 @@ impl<'a> HostCall<'a> {
     /// The zero-copy path: a kernel that runs natively on f32/i32/bool buffers reads the
     /// tensors' storage and writes the outputs' directly. `None` when it does not apply
     /// (then the caller copies through arrays).
-    fn in_place(&self, kernel: &kernel_ir::Kernel) -> Option<Result<String, OpError>> {
+    fn in_place(&self, kernel: &kernel_ir::Kernel) -> Option<Result<&'static str, OpError>> {
         if kernel.input_types() != self.in_types
             || kernel.output_types() != self.out_types
             || !in_place_types(kernel)
@@ -475,7 +475,7 @@ impl<'a> HostCall<'a> {
     fn through_arrays(
         &self,
         f: impl FnOnce(&[Array]) -> Result<(Vec<Array>, Backend), BoxError>,
-    ) -> Result<String, OpError> {
+    ) -> Result<&'static str, OpError> {
         let context = &self.context;
         let result = catch_unwind(AssertUnwindSafe(
             || -> Result<(Vec<Array>, Backend), BoxError> {
@@ -518,7 +518,7 @@ impl<'a> HostCall<'a> {
             // SAFETY: checked above that each buffer has the output's type.
             unsafe { write(b.0, a) };
         }
-        Ok(used.name().to_string())
+        Ok(used.name())
     }
 }
 
@@ -577,7 +577,7 @@ fn run_op(
     inputs: &[Buffer],
     outputs: &[Buffer],
     requested: Backend,
-) -> Result<String, OpError> {
+) -> Result<&'static str, OpError> {
     launches::record(|| format!("{kernel} {}", params.join(",")));
     let prepared = prepared(kernel, params, requested)?;
     let PreparedOp { op, params: p, .. } = &*prepared;
@@ -618,7 +618,7 @@ fn run(
     inputs: Vec<Buffer>,
     outputs: Vec<Buffer>,
     backend: &str,
-) -> PyResult<String> {
+) -> PyResult<&'static str> {
     let requested = parse_backend(backend)?;
     Ok(py.detach(|| run_op(kernel, &params, &inputs, &outputs, requested))?)
 }

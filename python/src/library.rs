@@ -229,8 +229,8 @@ fn run_user(
     inputs: Vec<Buffer>,
     outputs: Vec<Buffer>,
     backend: &str,
-) -> PyResult<String> {
-    Ok(py.detach(|| -> Result<String, OpError> {
+) -> PyResult<&'static str> {
+    Ok(py.detach(|| -> Result<&'static str, OpError> {
         let k = kernel(lib, op, request)?;
         crate::launches::record(|| format!("user op {op} {request}"));
         let requested = backend

@@ -62,10 +62,16 @@ enum ArgType {
     OptionalInt,
 }
 
-/// The argument types of `OPS[i]`, parsed from the schemas once.
-fn arg_types(i: usize) -> &'static [Option<ArgType>] {
-    static TYPES: OnceLock<Vec<Vec<Option<ArgType>>>> = OnceLock::new();
-    &TYPES.get_or_init(|| OPS.iter().map(NativeOp::parse_arg_types).collect())[i]
+/// The argument types of `OPS[i]`, parsed from the schemas once (`None` when one is a
+/// type the kernels do not read).
+fn arg_types(i: usize) -> Option<&'static [ArgType]> {
+    static TYPES: OnceLock<Vec<Option<Vec<ArgType>>>> = OnceLock::new();
+    TYPES.get_or_init(|| {
+        OPS.iter()
+            .map(|op| op.parse_arg_types().into_iter().collect())
+            .collect()
+    })[i]
+        .as_deref()
 }
 
 /// An argument read off the stack.
@@ -187,20 +193,21 @@ pub(crate) fn kernels() -> Vec<(&'static str, BoxedKernel)> {
 /// `stack` must hold `max(args, results)` values laid out by `op`'s schema.
 unsafe fn call(
     op: &NativeOp,
-    types: &[Option<ArgType>],
+    types: Option<&[ArgType]>,
     stack: *mut StableIValue,
     args: u64,
     results: u64,
 ) -> Result<(), OpError> {
     let slots = std::slice::from_raw_parts_mut(stack, args.max(results) as usize);
-    let Some(types) = types.iter().copied().collect::<Option<Vec<ArgType>>>() else {
+    let Some(types) = types else {
         return Err(OpError::Failed(format!(
             "tessera::{}: the schema has an argument type the kernel cannot read",
             op.name()
         )));
     };
     let values: Vec<Value> = types
-        .into_iter()
+        .iter()
+        .copied()
         .zip(slots.iter())
         .map(|(ty, &v)| match ty {
             ArgType::Tensor => Value::Tensor(Tensor::from_raw(v as Handle)),
@@ -1141,7 +1148,7 @@ mod tests {
     fn every_schema_argument_type_is_read() {
         for (i, op) in OPS.iter().enumerate() {
             assert!(
-                arg_types(i).iter().all(Option::is_some),
+                arg_types(i).is_some(),
                 "{}: {:?}",
                 op.schema,
                 op.parse_arg_types()
