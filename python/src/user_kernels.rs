@@ -46,8 +46,9 @@ struct UserOp {
 static OPS: RwLock<Vec<UserOp>> = RwLock::new(Vec::new());
 
 /// Registers native CPU kernels for ops `(name, [(argument, type)])` of library `lib`
-/// (defined beforehand in `namespace`). Fails naming the op when the slots run out or an
-/// argument type is not one op libraries take.
+/// (defined beforehand in `namespace`). Fails before registering any when the slots run
+/// out (naming the namespace) or an argument's type is not one op libraries take (naming
+/// the op and argument).
 pub(crate) fn register(
     lib: usize,
     namespace: &str,
@@ -221,25 +222,27 @@ fn built(
     type Memo = HashMap<(usize, Backend, String), Arc<Built>>;
     static MEMO: Mutex<Option<Memo>> = Mutex::new(None);
     let key = (index, requested, request);
-    if let Some(hit) = MEMO
+    let hit = MEMO
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .as_ref()
-        .and_then(|m| m.get(&key))
-    {
-        launches::record(|| format!("user op {} {}", op.name, key.2));
-        return Ok(hit.clone());
-    }
-    let kernel = kernel(op.lib, &op.name, &key.2)?;
+        .and_then(|m| m.get(&key).cloned());
+    let built = match hit {
+        Some(built) => built,
+        None => {
+            let kernel = kernel(op.lib, &op.name, &key.2)?;
+            let native = compiled_in_place(&kernel, requested);
+            let built = Arc::new(Built { kernel, native });
+            let mut memo = MEMO.lock().unwrap_or_else(|e| e.into_inner());
+            let memo = memo.get_or_insert_with(HashMap::new);
+            if memo.len() >= BUILT_LIMIT {
+                memo.clear();
+            }
+            memo.insert(key.clone(), built.clone());
+            built
+        }
+    };
     launches::record(|| format!("user op {} {}", op.name, key.2));
-    let native = compiled_in_place(&kernel, requested);
-    let built = Arc::new(Built { kernel, native });
-    let mut memo = MEMO.lock().unwrap_or_else(|e| e.into_inner());
-    let memo = memo.get_or_insert_with(HashMap::new);
-    if memo.len() >= BUILT_LIMIT {
-        memo.clear();
-    }
-    memo.insert(key, built.clone());
     Ok(built)
 }
 
