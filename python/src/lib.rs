@@ -244,7 +244,7 @@ fn in_place_types(kernel: &kernel_ir::Kernel) -> bool {
 
 /// Runs `run` on the buffers' addresses with panics caught: the native in-place path.
 /// `context` names the call in errors. Returns the backend that ran (native).
-pub(crate) fn in_place(
+fn in_place(
     context: &dyn Fn() -> String,
     inputs: &[Buffer],
     outputs: &[Buffer],
@@ -260,6 +260,29 @@ pub(crate) fn in_place(
             context()
         ))),
     }
+}
+
+/// Runs compiled kernel `native` in place on the buffers ([`in_place`]); `None` (nothing
+/// run) when they are not exactly its input and output types.
+///
+/// # Safety
+/// The buffers' addresses are live, contiguous storage of their shapes and dtypes; the
+/// outputs' are fresh (not aliasing an input).
+pub(crate) unsafe fn run_prepared(
+    native: &runtime::native::Prepared,
+    context: &dyn Fn() -> String,
+    inputs: &[Buffer],
+    outputs: &[Buffer],
+) -> Option<Result<&'static str, OpError>> {
+    if !buffers_match(inputs, native.input_types())
+        || !buffers_match(outputs, native.output_types())
+    {
+        return None;
+    }
+    // SAFETY: the caller's guarantee, and the types checked above.
+    Some(in_place(context, inputs, outputs, |ins, outs| unsafe {
+        native.run_in_place(ins, outs)
+    }))
 }
 
 /// Runs a multi-kernel op's [`kernels::Chain`] natively on the callers' buffers, with its
@@ -387,7 +410,7 @@ fn run_chain(
 }
 
 /// Whether the buffers have exactly these types.
-pub(crate) fn buffers_match(buffers: &[Buffer], types: &[TensorType]) -> bool {
+fn buffers_match(buffers: &[Buffer], types: &[TensorType]) -> bool {
     buffers.len() == types.len()
         && buffers
             .iter()
@@ -582,14 +605,12 @@ fn run_op(
     let prepared = prepared(kernel, params, requested)?;
     let PreparedOp { op, params: p, .. } = &*prepared;
     if let Some(native) = &prepared.native {
-        if buffers_match(inputs, native.input_types())
-            && buffers_match(outputs, native.output_types())
+        // SAFETY: the callers pass the data pointers of contiguous buffers, and fresh
+        // output buffers.
+        if let Some(done) =
+            unsafe { run_prepared(native, &|| format!("{kernel} {p}"), inputs, outputs) }
         {
-            return in_place(&|| format!("{kernel} {p}"), inputs, outputs, |ins, outs| {
-                // SAFETY: the callers pass the data pointers of contiguous buffers of
-                // exactly these types (checked above), and fresh output buffers.
-                unsafe { native.run_in_place(ins, outs) }
-            });
+            return done;
         }
     }
     if let Some(done) = run_chain(&prepared, &|| format!("{kernel} {p}"), inputs, outputs) {

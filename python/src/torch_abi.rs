@@ -166,6 +166,33 @@ impl Torch {
         Ok(())
     }
 
+    /// Tessera's name of dtype `code` (`f32`, `bf16`, `f16`, `i32`, `bool`), if it is one
+    /// Tessera has.
+    pub(crate) fn tessera_dtype(&self, code: i32) -> Option<&'static str> {
+        self.dtype_codes()
+            .into_iter()
+            .find(|(c, _)| *c == code)
+            .map(|(_, name)| name)
+    }
+
+    /// The code of the dtype Tessera calls `name` ([`Torch::tessera_dtype`]'s inverse).
+    pub(crate) fn dtype_code(&self, name: &str) -> Option<i32> {
+        self.dtype_codes()
+            .into_iter()
+            .find(|(_, n)| *n == name)
+            .map(|(code, _)| code)
+    }
+
+    fn dtype_codes(&self) -> [(i32, &'static str); 5] {
+        [
+            (self.f32, "f32"),
+            (self.bf16, "bf16"),
+            (self.f16, "f16"),
+            (self.i32, "i32"),
+            (self.bool, "bool"),
+        ]
+    }
+
     /// The name PyTorch prints for dtype `code` (`torch.float64`, ...).
     pub(crate) fn dtype_name(&self, code: i32) -> String {
         // PyTorch's ScalarType numbering, which the stable interface keeps.

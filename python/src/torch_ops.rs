@@ -405,13 +405,8 @@ impl Arg {
 
     /// Tessera's name of the dtype.
     fn dtype_name(&self) -> &'static str {
-        let t = torch();
-        match self.dtype {
-            d if d == t.bf16 => "bf16",
-            d if d == t.f16 => "f16",
-            d if d == t.i32 => "i32",
-            _ => "f32",
-        }
+        // `new` and `int32` admit only dtypes Tessera has.
+        torch().tessera_dtype(self.dtype).unwrap_or("f32")
     }
 
     /// A buffer of the contiguous tensor, seen with `shape`.

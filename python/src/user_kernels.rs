@@ -20,7 +20,7 @@ use runtime::Backend;
 use crate::library::kernel;
 use crate::torch_abi::{self, torch, BoxedKernel, Handle, StableIValue, Tensor};
 use crate::torch_ops::backend;
-use crate::{buffers_match, compiled_in_place, in_place, launches, Buffer, HostCall, OpError};
+use crate::{compiled_in_place, launches, run_prepared, Buffer, HostCall, OpError};
 
 /// How many user ops a process can register with native kernels.
 pub(crate) const SLOTS: usize = 64;
@@ -143,16 +143,18 @@ unsafe fn call(
             (arg.as_str(), *kind, v, tensor)
         })
         .collect();
-    // The request: one `name value` line per argument, as graph mode writes it.
+    // The request: one `name value` line per argument, as graph mode writes it. The
+    // tensors stay owned here while the kernel runs on their buffers.
     let mut request = String::new();
-    let mut inputs: Vec<(Tensor, Buffer)> = Vec::new();
+    let (mut tensors, mut in_buffers) = (Vec::new(), Vec::new());
     for (arg, kind, value, tensor) in values {
         let scalar = match (kind, tensor) {
             (_, Some(t)) => {
                 let (t, buffer) = input(op, arg, t)?;
                 let dims: Vec<String> = buffer.1.iter().map(u64::to_string).collect();
                 let _ = writeln!(request, "{arg} {}[{}]", buffer.2, dims.join(", "));
-                inputs.push((t, buffer));
+                tensors.push(t);
+                in_buffers.push(buffer);
                 continue;
             }
             (ArgKind::Int, _) => value as i64 as f64,
@@ -164,13 +166,14 @@ unsafe fn call(
     let requested = backend();
     let built = built(index, op, requested, request)?;
     let k = &built.kernel;
-    let mut outputs: Vec<(Tensor, Buffer)> = Vec::new();
+    let (mut outputs, mut out_buffers) = (Vec::new(), Vec::new());
     for ty in k.output_types() {
-        let code = dtype_code(ty.dtype.name())
+        let code = torch()
+            .dtype_code(ty.dtype.name())
             .ok_or_else(|| OpError::Failed(format!("{}: its kernel returns {ty}", op.qualified)))?;
         let t = Tensor::empty(&ty.shape, code).map_err(OpError::NoMemory)?;
-        let buffer = (t.data(), ty.shape.clone(), ty.dtype.name().to_string());
-        outputs.push((t, buffer));
+        out_buffers.push((t.data(), ty.shape.clone(), ty.dtype.name().to_string()));
+        outputs.push(t);
     }
     if outputs.len() as u64 != results {
         return Err(OpError::Failed(format!(
@@ -179,23 +182,19 @@ unsafe fn call(
             outputs.len()
         )));
     }
-    let in_buffers: Vec<Buffer> = inputs.iter().map(|(_, b)| b.clone()).collect();
-    let out_buffers: Vec<Buffer> = outputs.iter().map(|(_, b)| b.clone()).collect();
     let context = || format!("op `{}`", op.name);
-    match &built.native {
-        Some(native)
-            if buffers_match(&in_buffers, native.input_types())
-                && buffers_match(&out_buffers, native.output_types()) =>
-        {
-            // SAFETY: contiguous buffers of exactly these types (checked above), the
-            // outputs fresh.
-            in_place(&context, &in_buffers, &out_buffers, |ins, outs| unsafe {
-                native.run_in_place(ins, outs)
-            })?
-        }
-        _ => HostCall::new(context(), requested, &in_buffers, &out_buffers)?.run_kernel(k)?,
+    // SAFETY: the buffers are the contiguous storage of `tensors` and of the fresh
+    // `outputs`, alive until the end of this function.
+    let done = built
+        .native
+        .as_ref()
+        .and_then(|native| unsafe { run_prepared(native, &context, &in_buffers, &out_buffers) });
+    match done {
+        Some(done) => done?,
+        None => HostCall::new(context(), requested, &in_buffers, &out_buffers)?.run_kernel(k)?,
     };
-    for (slot, (t, _)) in slots.iter_mut().zip(outputs) {
+    drop(tensors);
+    for (slot, t) in slots.iter_mut().zip(outputs) {
         *slot = t.into_raw() as StableIValue;
     }
     Ok(())
@@ -254,7 +253,7 @@ fn input(op: &UserOp, arg: &str, t: Tensor) -> Result<(Tensor, Buffer), OpError>
             op.qualified
         )));
     }
-    let dtype = dtype_name(&t).ok_or_else(|| {
+    let dtype = torch().tessera_dtype(t.dtype()).ok_or_else(|| {
         OpError::Bad(format!(
             "{}: {arg}: dtype {} is not supported (torch.float32, torch.bfloat16, \
              torch.float16, torch.int32, torch.bool)",
@@ -266,32 +265,4 @@ fn input(op: &UserOp, arg: &str, t: Tensor) -> Result<(Tensor, Buffer), OpError>
     let t = t.contiguous().map_err(OpError::Failed)?;
     let buffer = (t.data(), shape, dtype.to_string());
     Ok((t, buffer))
-}
-
-/// Tessera's name of a tensor's dtype, if op libraries take it.
-fn dtype_name(t: &Tensor) -> Option<&'static str> {
-    let (torch, code) = (torch(), t.dtype());
-    [
-        (torch.f32, "f32"),
-        (torch.bf16, "bf16"),
-        (torch.f16, "f16"),
-        (torch.i32, "i32"),
-        (torch.bool, "bool"),
-    ]
-    .into_iter()
-    .find(|(c, _)| *c == code)
-    .map(|(_, name)| name)
-}
-
-/// PyTorch's code of a Tessera dtype name.
-fn dtype_code(name: &str) -> Option<i32> {
-    let t = torch();
-    match name {
-        "f32" => Some(t.f32),
-        "bf16" => Some(t.bf16),
-        "f16" => Some(t.f16),
-        "i32" => Some(t.i32),
-        "bool" => Some(t.bool),
-        _ => None,
-    }
 }

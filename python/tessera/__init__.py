@@ -495,9 +495,11 @@ def autograd_kernels() -> str:
 # (built against this PyTorch's headers) take their place on CPU tensors unless
 # TESSERA_NATIVE_AUTOGRAD=0 or they cannot load (another PyTorch than the build's).
 _autograd_kernels = "python"
+# The release the native kernels must have been built for (`2.13.0`, no local tag).
+_TORCH_RELEASE = torch.__version__.split("+")[0]
 if os.environ.get("TESSERA_NATIVE_AUTOGRAD", "1") != "0":
     try:
-        if _tessera.register_native_autograd(_PYTHON_AUTOGRAD, torch.__version__.split("+")[0]):
+        if _tessera.register_native_autograd(_PYTHON_AUTOGRAD, _TORCH_RELEASE):
             _autograd_kernels = "native"
     except RuntimeError as _e:
         warnings.warn(f"tessera: the ops' autograd kernels stay in Python: {_e}")

@@ -15,7 +15,7 @@ import warnings
 
 import torch
 
-from . import _backend, _tessera, autograd_kernels
+from . import _TORCH_RELEASE, _backend, _tessera, autograd_kernels
 
 _DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16",
                 torch.int32: "i32", torch.bool: "bool"}
@@ -125,7 +125,7 @@ def _register_kernels(fragment, lib, namespace, ops, python_kernels):
     names = [op.name.split("::", 1)[1] for op in ops]
     if autograd_kernels() == "native":
         try:
-            _tessera.register_native_autograd(names, torch.__version__.split("+")[0], namespace)
+            _tessera.register_native_autograd(names, _TORCH_RELEASE, namespace)
             _tessera.register_user_kernels(
                 lib, namespace, [(n, [(a.name, str(a.type)) for a in op.arguments]) for n, op in zip(names, ops)])
             return
