@@ -8,6 +8,8 @@ use kernels::{all, compare, find, tuning, BoxError, LibraryKernel, Params};
 use runtime::tune::TuneTarget;
 use runtime::{Backend, Resolution};
 
+use crate::in_place::InPlaceOp;
+
 /// A failed command: exit code 1 (wrong result, runtime failure) or 2 (bad input).
 pub struct Failure {
     pub code: u8,
@@ -263,7 +265,7 @@ pub fn demo() -> Result<(), Failure> {
                 let inputs = k.inputs(&p, 0)?;
                 let (got, used) = execute(k, &p, &inputs, backend)?;
                 let c = compare(&got, &k.reference(&p, &inputs)?, k.tolerance(&p));
-                let (ms, _) = time_op(k, &p, &inputs, &got, used, DEMO_RUNS)?;
+                let (ms, _) = time_op(k, &p, &inputs, used, DEMO_RUNS)?;
                 Ok((c, ms))
             })();
             match outcome {
@@ -399,7 +401,7 @@ fn time_kernel(
     let context = format!("{name} {p}");
     let fail = |e: BoxError| run_failure(&context, e);
     let (outputs, used) = execute(k, &p, &case.inputs, requested).map_err(fail)?;
-    let (ms, in_place) = time_op(k, &p, &case.inputs, &outputs, used, runs).map_err(fail)?;
+    let (ms, in_place) = time_op(k, &p, &case.inputs, used, runs).map_err(fail)?;
     let baseline_ms = match vs {
         Some("torch") => {
             let Some(torch) = case.torch_baseline() else {
@@ -442,51 +444,24 @@ fn time_kernel(
     })
 }
 
-/// The median ms of `runs` calls of `k` on `inputs` on `used` (the backend whose run gave
-/// `outputs`), and whether they ran in place: single-kernel native runs write into
-/// reused outputs ([`in_place_kernel`]); the rest allocate theirs per call.
+/// The median ms of `runs` calls of `k` on `inputs` on `used` (the backend that ran it),
+/// and whether they ran in place: native runs of f32 ops with a chain (or one kernel) run
+/// on the inputs' storage and reused outputs, as the torch ops do ([`InPlaceOp`]); the
+/// rest allocate their outputs per call.
 fn time_op(
     k: &dyn LibraryKernel,
     p: &Params,
     inputs: &[Array],
-    outputs: &[Array],
     used: Backend,
     runs: impl Into<Runs> + Copy,
 ) -> Result<(f64, bool), BoxError> {
-    match in_place_kernel(k, p, used, inputs, outputs) {
-        Some(prepared) => {
-            let mut reused = outputs.to_vec();
-            let ms = median_ms(runs, || Ok(prepared.run_on(inputs, &mut reused)?))?;
-            Ok((ms, true))
-        }
+    match InPlaceOp::new(k, p, used, inputs) {
+        Some(mut op) => Ok((median_ms(runs, || op.run(inputs))?, true)),
         None => Ok((
             median_ms(runs, || execute(k, p, inputs, used).map(|_| ()))?,
             false,
         )),
     }
-}
-
-/// The compiled kernel of a single-kernel op that ran natively on the op's own `inputs`
-/// and `outputs`, to time in place on reused outputs (as the torch ops run it, and as
-/// PyTorch's baseline reuses its allocator's memory); `None` for other ops and backends,
-/// for kernels that take arrays the host derives (varlen's tile plans), and for
-/// bf16/f16 (timed through arrays, with fresh outputs per call).
-fn in_place_kernel(
-    k: &dyn LibraryKernel,
-    p: &Params,
-    used: Backend,
-    inputs: &[Array],
-    outputs: &[Array],
-) -> Option<runtime::native::Prepared> {
-    if used != Backend::Native {
-        return None;
-    }
-    let kernels = k.build(p).ok()?;
-    let [single] = kernels.as_slice() else {
-        return None;
-    };
-    let prepared = runtime::native::backend().prepare(single).ok()?;
-    prepared.takes(inputs, outputs).then_some(prepared)
 }
 
 impl Timing {

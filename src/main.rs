@@ -3,6 +3,7 @@
 //! Exit codes: 0 ok, 1 wrong result or runtime failure, 2 bad usage or bad input.
 
 mod commands;
+mod in_place;
 mod plot;
 mod tune;
 

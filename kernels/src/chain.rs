@@ -1,12 +1,16 @@
 //! How an op's kernels feed each other, for executors that run them on the callers'
 //! storage instead of through [`crate::LibraryKernel::run`] (the torch ops do): which op
-//! input or earlier kernel output each kernel reads, and where the op's outputs come from.
+//! input, host-derived array or earlier kernel output each kernel reads, and where the
+//! op's outputs come from.
 
 /// Where a kernel's input, or one of the op's outputs, comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Source {
     /// The op's input at this position.
     Input(usize),
+    /// Array `i` of those the op derives on the host before the chain runs
+    /// ([`crate::LibraryKernel::derive`], from the inputs [`Chain::reads`] names).
+    Derived(usize),
     /// Output `index` of the chain's step `step`.
     Output { step: usize, index: usize },
 }
@@ -20,9 +24,13 @@ pub struct Step {
     pub inputs: Vec<Source>,
 }
 
-/// An op's kernels as a chain: run the steps in order; the op's outputs are `outputs`.
+/// An op's kernels as a chain: derive the host arrays from the op inputs `reads`, run the
+/// steps in order; the op's outputs are `outputs`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Chain {
+    /// The op inputs (small ones, such as offsets) [`crate::LibraryKernel::derive`]
+    /// takes, in order; empty when no step reads a [`Source::Derived`] array.
+    pub reads: Vec<usize>,
     /// The kernel runs, in order.
     pub steps: Vec<Step>,
     /// Where each of the op's outputs comes from (a step's output, never an input).

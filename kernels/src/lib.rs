@@ -68,6 +68,9 @@ pub trait LibraryKernel: Sync {
     /// How [`Self::run`] chains the kernels for `inputs` op inputs, when it only passes
     /// arrays between them (none for ops that compute on the host between kernels).
     fn chain(&self, p: &Params, inputs: usize) -> Option<Chain>;
+    /// The arrays a chain's [`Source::Derived`] inputs name, computed on the host from the
+    /// op inputs its [`Chain::reads`] lists (`read`, in that order).
+    fn derive(&self, p: &Params, read: &[Array]) -> Result<Vec<Array>, BoxError>;
     /// The expected outputs, computed plainly in f64.
     fn reference(&self, p: &Params, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError>;
     /// Allowed error, justified by the dtype.
@@ -109,6 +112,11 @@ pub trait Op: Sync {
     fn chain(_c: &Self::Config, _inputs: usize) -> Option<Chain> {
         None
     }
+    /// The arrays the chain's [`Source::Derived`] inputs name, from the op inputs
+    /// [`Chain::reads`] lists (none by default).
+    fn derive(_c: &Self::Config, _read: &[Array]) -> Result<Vec<Array>, BoxError> {
+        Ok(Vec::new())
+    }
     /// The expected outputs, computed plainly in f64.
     fn reference(c: &Self::Config, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError>;
     /// Allowed error, justified by the dtype.
@@ -141,6 +149,9 @@ impl<T: Op> LibraryKernel for T {
     }
     fn chain(&self, p: &Params, inputs: usize) -> Option<Chain> {
         T::chain(&T::config(p).ok()?, inputs)
+    }
+    fn derive(&self, p: &Params, read: &[Array]) -> Result<Vec<Array>, BoxError> {
+        T::derive(&T::config(p)?, read)
     }
     fn reference(&self, p: &Params, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
         T::reference(&T::config(p)?, inputs)

@@ -2,7 +2,7 @@
 
 use kernel_ir::{interpret, parse_kernel, print_kernel, InterpretOptions};
 use kernel_ir::{Array, Kernel};
-use kernels::{all, check, compare, find, BoxError, Params, Tolerance};
+use kernels::{all, check, compare, find, BoxError, LibraryKernel, Params, Tolerance};
 
 fn interp(k: &Kernel, inputs: &[Array]) -> Result<Vec<Array>, BoxError> {
     Ok(interpret(
@@ -105,10 +105,19 @@ fn bad_parameters_are_reported() {
 }
 
 /// Runs `chain` with the interpreter, as an executor on callers' storage would.
-fn run_chain(kernels: &[Kernel], chain: &kernels::Chain, inputs: &[Array]) -> Vec<Array> {
+fn run_chain(
+    k: &dyn LibraryKernel,
+    p: &Params,
+    chain: &kernels::Chain,
+    inputs: &[Array],
+) -> Vec<Array> {
+    let kernels = k.build(p).unwrap();
+    let read: Vec<Array> = chain.reads.iter().map(|&i| inputs[i].clone()).collect();
+    let derived = k.derive(p, &read).unwrap();
     let mut outputs: Vec<Vec<Array>> = Vec::new();
     let pick = |outputs: &[Vec<Array>], s: &kernels::Source| match *s {
         kernels::Source::Input(i) => inputs[i].clone(),
+        kernels::Source::Derived(i) => derived[i].clone(),
         kernels::Source::Output { step, index } => outputs[step][index].clone(),
     };
     for step in &chain.steps {
@@ -140,22 +149,76 @@ fn chains_compute_what_run_computes() {
             ("block_k", "16"),
             ("window", "9"),
         ],
+        // Ragged blocks: the dq and dk/dv kernels instead of the fused one.
+        &[
+            ("q_len", "70"),
+            ("kv_len", "40"),
+            ("block_q", "32"),
+            ("block_k", "16"),
+        ],
     ] {
         let p = Params::with(k.params(), pairs).unwrap();
         let kernels = k.build(&p).unwrap();
         let mut inputs = k.inputs(&p, 3).unwrap();
-        assert!(
-            k.chain(&p, inputs.len()).is_none(),
-            "without o and lse the op runs the forward"
-        );
+        // Without o and lse the chain runs the forward first.
+        let want = k.run(&p, &inputs, &mut interp).unwrap();
+        let chain = k.chain(&p, inputs.len()).expect("the backward chains");
+        assert_eq!(run_chain(k, &p, &chain, &inputs), want, "{p}");
         let forward = interp(&kernels[0], &inputs[..3]).unwrap();
         inputs.extend(forward);
         let want = k.run(&p, &inputs, &mut interp).unwrap();
-        let chain = k
-            .chain(&p, inputs.len())
-            .expect("the fused backward chains");
-        assert_eq!(run_chain(&kernels, &chain, &inputs), want, "{p}");
+        let chain = k.chain(&p, inputs.len()).expect("the backward chains");
+        assert_eq!(
+            chain.steps.len(),
+            kernels.len() - 1,
+            "every kernel but the forward"
+        );
+        assert_eq!(run_chain(k, &p, &chain, &inputs), want, "{p}");
     }
-    let ragged = Params::with(k.params(), &[("q_len", "70"), ("block_q", "32")]).unwrap();
-    assert!(k.chain(&ragged, 6).is_none(), "unfused backward: no chain");
+}
+
+/// Varlen's chains (its tile plan derived on the host) give what its runs give: the
+/// forward, and the backward with and without the forward's results, fused (GQA) and
+/// unfused (one kv head).
+#[test]
+fn varlen_chains_compute_what_run_computes() {
+    let forward = find("varlen_attention").unwrap();
+    let backward = find("varlen_attention_bwd").unwrap();
+    for (kv_heads, causal) in [("2", "true"), ("1", "false")] {
+        let pairs = [
+            ("batch", "3"),
+            ("heads", "2"),
+            ("kv_heads", kv_heads),
+            ("total_q", "45"),
+            ("head_dim", "8"),
+            ("block_q", "16"),
+            ("block_k", "8"),
+            ("causal", causal),
+        ];
+        let p = Params::with(forward.params(), &pairs).unwrap();
+        let inputs = forward.inputs(&p, 1).unwrap();
+        assert!(forward.chain(&p, 4).is_none(), "the offsets are missing");
+        let chain = forward.chain(&p, inputs.len()).unwrap();
+        let saved = forward.run(&p, &inputs, &mut interp).unwrap();
+        assert_eq!(run_chain(forward, &p, &chain, &inputs), saved, "{p}");
+        let mut inputs = backward.inputs(&p, 1).unwrap();
+        let want = backward.run(&p, &inputs, &mut interp).unwrap();
+        let chain = backward.chain(&p, inputs.len()).unwrap();
+        assert_eq!(
+            chain.steps.len(),
+            if kv_heads == "2" { 2 } else { 3 },
+            "{p}"
+        );
+        assert_eq!(run_chain(backward, &p, &chain, &inputs), want, "{p}");
+        // With the forward's results given, the backward's chain skips the forward.
+        inputs.extend(saved);
+        let want = backward.run(&p, &inputs, &mut interp).unwrap();
+        let chain = backward.chain(&p, inputs.len()).unwrap();
+        assert_eq!(
+            chain.steps.len(),
+            if kv_heads == "2" { 1 } else { 2 },
+            "{p}"
+        );
+        assert_eq!(run_chain(backward, &p, &chain, &inputs), want, "{p}");
+    }
 }

@@ -117,18 +117,26 @@ fn types(buffers: &[Buffer], what: &str) -> Result<Vec<TensorType>, String> {
 }
 
 /// A library op made ready for one parameter set and requested backend: the op with its
-/// (tuned) parameters, and the kernels the native backend runs on the callers'
-/// f32/i32/bool storage, compiled (the op's one kernel, or each kernel of its chain; a
-/// kernel that fails to trace or compile leaves the op to run through arrays, which
-/// reports why). Remembered ([`prepared`]), so a repeated call skips parsing, tracing,
-/// backend resolution and compilation lookups.
+/// (tuned) parameters, and each of its kernels compiled to run natively on the callers'
+/// f32/i32/bool storage (a kernel that fails to trace or compile leaves the op to run
+/// through arrays, which reports why). Remembered ([`prepared`]), so a repeated call skips
+/// parsing, tracing, backend resolution and compilation lookups.
 struct PreparedOp {
     op: &'static dyn kernels::LibraryKernel,
     params: Params,
-    native: Option<runtime::native::Prepared>,
-    /// Each kernel of a multi-kernel op compiled for in-place runs (`None` where it cannot
-    /// run so), for its [`kernels::Chain`] ([`run_chain`]).
-    chained: Vec<Option<runtime::native::Prepared>>,
+    /// Each kernel of the op's `build`, compiled for in-place runs (`None` where it cannot
+    /// run so): the op's one kernel, or the steps of its [`kernels::Chain`] ([`run_chain`]).
+    kernels: Vec<Option<runtime::native::Prepared>>,
+}
+
+impl PreparedOp {
+    /// The compiled kernel of a single-kernel op.
+    fn single(&self) -> Option<&runtime::native::Prepared> {
+        match self.kernels.as_slice() {
+            [single] => single.as_ref(),
+            _ => None,
+        }
+    }
 }
 
 /// Prepared ops the extension remembers, at most this many (the memo then restarts).
@@ -179,18 +187,19 @@ fn prepared_shared(
         return Ok(hit.clone());
     }
     let (op, params) = tuned_op(kernel, params, requested, None)?;
-    let built = op.build(&params).ok();
-    let in_place = |kernel: &kernel_ir::Kernel| compiled_in_place(kernel, requested);
-    let (native, chained) = match built.as_deref() {
-        Some([single]) => (in_place(single), Vec::new()),
-        Some(several) => (None, several.iter().map(in_place).collect()),
-        None => (None, Vec::new()),
-    };
+    let kernels = op
+        .build(&params)
+        .map(|built| {
+            built
+                .iter()
+                .map(|kernel| compiled_in_place(kernel, requested))
+                .collect()
+        })
+        .unwrap_or_default();
     let prepared = Arc::new(PreparedOp {
         op,
         params,
-        native,
-        chained,
+        kernels,
     });
     let mut memo = memo.lock().unwrap_or_else(|e| e.into_inner());
     if memo.len() >= PREPARED_MEMO_LIMIT {
@@ -285,8 +294,9 @@ pub(crate) unsafe fn run_prepared(
     }))
 }
 
-/// Runs a multi-kernel op's [`kernels::Chain`] natively on the callers' buffers, with its
-/// intermediate arrays in host memory: no copies of the inputs or outputs. `None` (before
+/// Runs an op's [`kernels::Chain`] natively on the callers' buffers: its host-derived
+/// arrays (computed from the small inputs the chain reads, such as varlen's offsets) and
+/// intermediate arrays in host memory, no copies of the inputs or outputs. `None` (before
 /// anything ran) when the op has no chain for these inputs, a kernel cannot run in place,
 /// or a buffer is not of the type its kernel takes.
 fn run_chain(
@@ -303,7 +313,7 @@ fn run_chain(
     // The compiled kernel of each step, which knows its I/O types.
     let native = |step: usize| {
         prepared
-            .chained
+            .kernels
             .get(chain.steps.get(step)?.kernel)?
             .as_ref()
     };
@@ -312,11 +322,16 @@ fn run_chain(
         Source::Output { step, index } => {
             native(step).is_some_and(|n| index < n.output_types().len())
         }
-        Source::Input(_) => false,
+        Source::Input(_) | Source::Derived(_) => false,
     };
-    if !chain.outputs.iter().all(produces) {
+    if !chain.outputs.iter().all(produces) || (0..chain.steps.len()).any(|s| native(s).is_none()) {
         return None;
     }
+    let derived = match derive(prepared, &chain.reads, inputs, context)? {
+        Ok(derived) => derived,
+        Err(e) => return Some(Err(e)),
+    };
+    let derived_buffers: Vec<Buffer> = derived.iter().map(array_buffer).collect();
     // Every buffer and earlier output has the type its kernel takes, checked before any
     // kernel runs; each step's outputs are the op output they are, if any.
     let mut plans = Vec::with_capacity(chain.steps.len());
@@ -326,11 +341,13 @@ fn run_chain(
         if step.inputs.len() != in_types.len() {
             return None;
         }
+        let one = |b: Option<&Buffer>, t: &TensorType| {
+            b.is_some_and(|b| buffers_match(std::slice::from_ref(b), std::slice::from_ref(t)))
+        };
         for (s, t) in step.inputs.iter().zip(in_types) {
             let fits = match *s {
-                Source::Input(i) => inputs.get(i).is_some_and(|b| {
-                    buffers_match(std::slice::from_ref(b), std::slice::from_ref(t))
-                }),
+                Source::Input(i) => one(inputs.get(i), t),
+                Source::Derived(i) => one(derived_buffers.get(i), t),
                 // Only an earlier step's output exists when this one runs.
                 Source::Output { step, index } => {
                     step < at && native(step)?.output_types().get(index) == Some(t)
@@ -349,7 +366,7 @@ fn run_chain(
             .collect();
         for (to, t) in outs.iter().zip(out_types) {
             if let Some(&o) = to.as_ref() {
-                if !buffers_match(&outputs[o..=o], std::slice::from_ref(t)) {
+                if !one(outputs.get(o), t) {
                     return None;
                 }
             }
@@ -365,6 +382,7 @@ fn run_chain(
             .iter()
             .map(|s| match *s {
                 Source::Input(i) => inputs[i].clone(),
+                Source::Derived(i) => derived_buffers[i].clone(),
                 Source::Output { step, index } => produced[step][index].clone(),
             })
             .collect();
@@ -405,8 +423,48 @@ fn run_chain(
         }
         produced.push(step_outs);
     }
-    drop(scratch);
+    drop((scratch, derived));
     Some(Ok(Backend::Native.name()))
+}
+
+/// The arrays a chain derives on the host ([`kernels::LibraryKernel::derive`]) from copies
+/// of the inputs `reads` names. `None` when a read buffer's dtype has no array form (the
+/// caller falls back); `Some(Err)` when the op rejects what it reads or memory runs out.
+fn derive(
+    prepared: &PreparedOp,
+    reads: &[usize],
+    inputs: &[Buffer],
+    context: &dyn Fn() -> String,
+) -> Option<Result<Vec<Array>, OpError>> {
+    if reads.is_empty() {
+        return Some(Ok(Vec::new()));
+    }
+    let mut read_arrays = Vec::with_capacity(reads.len());
+    for &i in reads {
+        let (addr, shape, name) = inputs.get(i)?;
+        let ty = TensorType::new(dtype(name, "input").ok()?, shape.clone());
+        // SAFETY: the callers pass live, contiguous buffers of their shapes and dtypes.
+        match unsafe { read(*addr, &ty, &format!("a copy of input {i}")) } {
+            Ok(a) => read_arrays.push(a),
+            Err(e) => return Some(Err(OpError::NoMemory(e.to_string()))),
+        }
+    }
+    Some(
+        prepared
+            .op
+            .derive(&prepared.params, &read_arrays)
+            .map_err(|e| OpError::from_run(context(), &*e)),
+    )
+}
+
+/// An array's element storage as a buffer (valid while the array lives, unchanged).
+fn array_buffer(a: &Array) -> Buffer {
+    let addr = match a.data() {
+        ArrayData::Float(v) => v.as_ptr() as usize,
+        ArrayData::Int(v) => v.as_ptr() as usize,
+        ArrayData::Bool(v) => v.as_ptr() as usize,
+    };
+    (addr, a.ty().shape.clone(), a.dtype().name().to_string())
 }
 
 /// Whether the buffers have exactly these types.
@@ -604,7 +662,7 @@ fn run_op(
     launches::record(|| format!("{kernel} {}", params.join(",")));
     let prepared = prepared(kernel, params, requested)?;
     let PreparedOp { op, params: p, .. } = &*prepared;
-    if let Some(native) = &prepared.native {
+    if let Some(native) = prepared.single() {
         // SAFETY: the callers pass the data pointers of contiguous buffers, and fresh
         // output buffers.
         if let Some(done) =

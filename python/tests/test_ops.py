@@ -401,6 +401,34 @@ def test_native_f32_ops_use_the_tensors_storage_in_place(capfd, monkeypatch):
     want = F.scaled_dot_product_attention(q2, k2, v2, is_causal=True, enable_gqa=True)
     for got, exp in zip(grads, torch.autograd.grad(want, (q2, k2, v2), torch.ones_like(want))):
         close(got, exp, torch.float32)
+    # A ragged sequence: the dq and dk/dv kernels, chained in place too.
+    q, k, v = (torch.randn(1, h, 37, 16, requires_grad=True) for h in (2, 1, 1))
+    out = ops.flash_attention(q, k, v)
+    grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    err = capfd.readouterr().err
+    assert "native @flash_attention_bwd_dkdv: running in place" in err, err
+    q2, k2, v2 = (t.detach().requires_grad_() for t in (q, k, v))
+    want = F.scaled_dot_product_attention(q2, k2, v2, enable_gqa=True)
+    for got, exp in zip(grads, torch.autograd.grad(want, (q2, k2, v2), torch.ones_like(want))):
+        close(got, exp, torch.float32)
+
+
+@pytest.mark.parametrize("kv_heads,backward", [(2, "varlen_bwd_fused"), (1, "varlen_bwd_dkdv")])
+def test_varlen_attention_runs_in_place_with_its_plan_derived_on_the_host(capfd, monkeypatch, kv_heads,
+                                                                         backward):
+    # The tile plan comes from the offsets; q, k, v and the outputs are the tensors' storage.
+    monkeypatch.setenv("TESSERA_LOG", "debug")
+    q, k, v, cu_q, cu_k = varlen_inputs([5, 1, 37], heads=2, kv_heads=kv_heads, grad=True)
+    out = ops.varlen_attention(q, k, v, cu_q, cu_k, True)
+    grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    err = capfd.readouterr().err
+    assert "native @varlen_fwd: running in place on the caller's buffers" in err, err
+    assert f"native @{backward}: running in place" in err, err
+    q2, k2, v2 = (t.detach().requires_grad_() for t in (q, k, v))
+    want = varlen_reference(q2, k2, v2, cu_q, cu_k, True)
+    close(out, want, torch.float32)
+    for got, exp in zip(grads, torch.autograd.grad(want, (q2, k2, v2), torch.ones_like(want))):
+        close(got, exp, torch.float32)
 
 
 TESSERA_CLI = os.path.join(os.path.dirname(__file__), "..", "..", "target", "release", "tessera")

@@ -571,30 +571,51 @@ impl Op for FlashAttentionBwd {
         Ok(v)
     }
 
-    /// With the forward's results given (`q, k, v, do, o, lse`) and the fused kernel:
-    /// `delta` from `(o, do)`, then `(q, k, v, do, lse, delta) -> (dq, dk, dv)`.
+    /// What `run` does, as a chain: the forward unless `o` and `lse` are given (`q, k, v,
+    /// do[, o, lse]`); `delta` from `(o, do)`; then `(q, k, v, do, lse, delta) -> (dq, dk,
+    /// dv)` by the fused kernel, or by the dq and dk/dv kernels.
     fn chain(c: &Self::Config, inputs: usize) -> Option<Chain> {
-        if inputs != 6 || !c.fuses_backward() {
-            return None;
-        }
-        let delta = Source::Output { step: 0, index: 0 };
-        let grads = |index| Source::Output { step: 1, index };
+        let output = |step, index| Source::Output { step, index };
+        let [q, k, v, d_o] = [0, 1, 2, 3].map(Source::Input);
+        let mut steps = Vec::new();
+        let (o, lse) = match inputs {
+            6 => (Source::Input(4), Source::Input(5)),
+            4 => {
+                steps.push(Step {
+                    kernel: 0,
+                    inputs: vec![q, k, v],
+                });
+                (output(0, 0), output(0, 1))
+            }
+            _ => return None,
+        };
+        steps.push(Step {
+            kernel: 1,
+            inputs: vec![o, d_o],
+        });
+        let grads_in = vec![q, k, v, d_o, lse, output(steps.len() - 1, 0)];
+        let first = steps.len();
+        let outputs = if c.fuses_backward() {
+            steps.push(Step {
+                kernel: 2,
+                inputs: grads_in,
+            });
+            (0..3).map(|i| output(first, i)).collect()
+        } else {
+            steps.push(Step {
+                kernel: 2,
+                inputs: grads_in.clone(),
+            });
+            steps.push(Step {
+                kernel: 3,
+                inputs: grads_in,
+            });
+            vec![output(first, 0), output(first + 1, 0), output(first + 1, 1)]
+        };
         Some(Chain {
-            steps: vec![
-                Step {
-                    kernel: 1,
-                    inputs: vec![Source::Input(4), Source::Input(3)],
-                },
-                Step {
-                    kernel: 2,
-                    inputs: [0, 1, 2, 3, 5]
-                        .map(Source::Input)
-                        .into_iter()
-                        .chain([delta])
-                        .collect(),
-                },
-            ],
-            outputs: vec![grads(0), grads(1), grads(2)],
+            reads: Vec::new(),
+            steps,
+            outputs,
         })
     }
 

@@ -26,7 +26,7 @@ use kernel_ir::{try_vec, Array, ArrayData, DimSemantics, MemorySpace};
 use rand::{Rng, SeedableRng};
 
 use crate::common::{block, built, pid, random_array, tolerance_for, zero, zeros_f64};
-use crate::{BoxError, Exec, Op, ParamDef, Params, Tolerance, Tunable};
+use crate::{BoxError, Chain, Exec, Op, ParamDef, Params, Source, Step, Tolerance, Tunable};
 use kernels::{varlen_bwd_dkdv, varlen_bwd_dq, varlen_bwd_fused, varlen_fwd};
 pub use plan::{check_cu_seqlens, VarlenPlan};
 
@@ -388,14 +388,16 @@ impl VarlenConfig {
         VarlenPlan::new(self, cu_q, cu_k)
     }
 
-    /// The plan of the offsets in `inputs[cu]` and `inputs[cu + 1]`, as kernel inputs.
-    fn plan_arrays(&self, inputs: &[Array], cu: usize) -> Result<VarlenPlan, BoxError> {
-        let (ArrayData::Int(cu_q), ArrayData::Int(cu_k)) =
-            (inputs[cu].data(), inputs[cu + 1].data())
-        else {
+    /// The plan of the offsets `read = [cu_seqlens_q, cu_seqlens_k]` as kernel inputs
+    /// (see [`VarlenPlan::arrays`]).
+    fn plan_arrays(&self, read: &[Array]) -> Result<[Array; 4], BoxError> {
+        let [cu_q, cu_k] = read else {
+            return Err(format!("the plan reads 2 offset arrays, got {}", read.len()).into());
+        };
+        let (ArrayData::Int(cu_q), ArrayData::Int(cu_k)) = (cu_q.data(), cu_k.data()) else {
             return Err("cu_seqlens_q and cu_seqlens_k must be int32".into());
         };
-        Ok(self.plan(cu_q, cu_k)?)
+        self.plan(cu_q, cu_k)?.arrays(self)
     }
 
     /// Random packed q, k, v and offsets: `batch` sequences of random lengths summing to
@@ -435,6 +437,18 @@ impl VarlenConfig {
             Array::from_i32([n], cu_k)?,
         ])
     }
+}
+
+/// `leading` followed by the plan's query spans and query tile table: the inputs of the
+/// forward, dq and fused kernels in a [`Chain`].
+fn query_tile_inputs(leading: &[Source]) -> Vec<Source> {
+    let plan = [0, 1, 2].map(Source::Derived);
+    leading.iter().chain(&plan).copied().collect()
+}
+
+/// Output `index` of chain step `step`.
+fn step_output(step: usize, index: usize) -> Source {
+    Source::Output { step, index }
 }
 
 /// For every (sequence, query position) the keys of the sequence it sees.
@@ -604,10 +618,27 @@ impl Op for VarlenAttention {
             )
             .into());
         }
-        let plan = c.plan_arrays(inputs, 3)?;
+        let [first, end, q_tiles, _] = c.plan_arrays(&inputs[3..5])?;
         let mut args = inputs[..3].to_vec();
-        args.extend(plan.query_arrays(c)?);
+        args.extend([first, end, q_tiles]);
         exec(&*built(VarlenConfig::forward, *c)?, &args)
+    }
+
+    /// The plan from the offsets, then the kernel on `q, k, v` and the plan's query arrays.
+    fn chain(_c: &Self::Config, inputs: usize) -> Option<Chain> {
+        (inputs == 5).then(|| Chain {
+            reads: vec![3, 4],
+            steps: vec![Step {
+                kernel: 0,
+                inputs: query_tile_inputs(&[0, 1, 2].map(Source::Input)),
+            }],
+            outputs: vec![step_output(0, 0), step_output(0, 1)],
+        })
+    }
+
+    /// The plan of the offsets (`[q_first, q_end, q_tiles, k_tiles]`).
+    fn derive(c: &Self::Config, read: &[Array]) -> Result<Vec<Array>, BoxError> {
+        Ok(c.plan_arrays(read)?.into())
     }
 
     fn reference(c: &Self::Config, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
@@ -669,8 +700,7 @@ impl Op for VarlenAttentionBwd {
             )
             .into());
         }
-        let plan = c.plan_arrays(inputs, 4)?;
-        let [first, end, q_tiles] = plan.query_arrays(c)?;
+        let [first, end, q_tiles, k_tiles] = c.plan_arrays(&inputs[4..6])?;
         let (q, k, v, d_o) = (&inputs[0], &inputs[1], &inputs[2], &inputs[3]);
         let fwd = match inputs.get(6..8) {
             Some(saved) => saved.to_vec(),
@@ -705,7 +735,6 @@ impl Op for VarlenAttentionBwd {
         let mut dq_delta = exec(&*built(VarlenConfig::backward_dq, *c)?, &grads_in)?;
         let delta = dq_delta.remove(1);
         let dq = dq_delta.remove(0);
-        let k_tiles = Array::from_i32([c.k_tiles(), 2], plan.k_tiles)?;
         let dkdv_in = [
             q.clone(),
             k.clone(),
@@ -721,6 +750,56 @@ impl Op for VarlenAttentionBwd {
         let dv = dkdv.remove(1);
         let dk = dkdv.remove(0);
         Ok(vec![dq, dk, dv])
+    }
+
+    /// What `run` does, as a chain: the plan from the offsets; the forward unless `o` and
+    /// `lse` are given; then the fused kernel, or the dq (+ delta) and dk/dv kernels.
+    fn chain(c: &Self::Config, inputs: usize) -> Option<Chain> {
+        if inputs != 6 && inputs != 8 {
+            return None;
+        }
+        let qkv = [0, 1, 2].map(Source::Input);
+        let mut steps = Vec::new();
+        let (o, lse) = if inputs == 8 {
+            (Source::Input(6), Source::Input(7))
+        } else {
+            steps.push(Step {
+                kernel: 0,
+                inputs: query_tile_inputs(&qkv),
+            });
+            (step_output(0, 0), step_output(0, 1))
+        };
+        let d_o = Source::Input(3);
+        let grads = steps.len();
+        steps.push(Step {
+            kernel: 1,
+            inputs: query_tile_inputs(&[qkv[0], qkv[1], qkv[2], o, d_o, lse]),
+        });
+        let outputs = if c.fuses_backward() {
+            (0..3).map(|i| step_output(grads, i)).collect()
+        } else {
+            let delta = step_output(grads, 1);
+            let [first, end, _, k_tiles] = [0, 1, 2, 3].map(Source::Derived);
+            steps.push(Step {
+                kernel: 2,
+                inputs: vec![qkv[0], qkv[1], qkv[2], d_o, lse, delta, first, end, k_tiles],
+            });
+            vec![
+                step_output(grads, 0),
+                step_output(grads + 1, 0),
+                step_output(grads + 1, 1),
+            ]
+        };
+        Some(Chain {
+            reads: vec![4, 5],
+            steps,
+            outputs,
+        })
+    }
+
+    /// The plan of the offsets (`[q_first, q_end, q_tiles, k_tiles]`).
+    fn derive(c: &Self::Config, read: &[Array]) -> Result<Vec<Array>, BoxError> {
+        Ok(c.plan_arrays(read)?.into())
     }
 
     fn reference(c: &Self::Config, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {

@@ -71,12 +71,14 @@ impl VarlenPlan {
         })
     }
 
-    /// The query spans and query tile table, as the forward and dq kernels take them.
-    pub(super) fn query_arrays(&self, c: &VarlenConfig) -> Result<[Array; 3], BoxError> {
+    /// The plan as kernel inputs: the query spans, the query tile table and the key tile
+    /// table (`[q_first, q_end, q_tiles, k_tiles]`).
+    pub(super) fn arrays(self, c: &VarlenConfig) -> Result<[Array; 4], BoxError> {
         Ok([
-            Array::from_i32([c.total_q, 1], self.q_first.clone())?,
-            Array::from_i32([c.total_q, 1], self.q_end.clone())?,
-            Array::from_i32([c.q_tiles(), 4], self.q_tiles.clone())?,
+            Array::from_i32([c.total_q, 1], self.q_first)?,
+            Array::from_i32([c.total_q, 1], self.q_end)?,
+            Array::from_i32([c.q_tiles(), 4], self.q_tiles)?,
+            Array::from_i32([c.k_tiles(), 2], self.k_tiles)?,
         ])
     }
 }

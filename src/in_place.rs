@@ -1,0 +1,108 @@
+//! Library ops run natively on arrays reused across calls, as the torch ops run them on
+//! PyTorch's tensors: what `tessera bench` and `tessera demo` time where they can.
+
+use kernel_ir::Array;
+use kernels::{BoxError, Chain, LibraryKernel, Params, Source, Step};
+use runtime::native::Prepared;
+use runtime::Backend;
+
+/// An op's chain of kernels compiled for in-place runs, with each step's outputs
+/// allocated once. A call derives the op's host arrays (varlen's tile plan) from its
+/// inputs and runs the steps on the inputs' storage and the reused outputs.
+pub(crate) struct InPlaceOp<'k> {
+    op: &'k dyn LibraryKernel,
+    params: Params,
+    chain: Chain,
+    steps: Vec<(Prepared, Vec<Array>)>,
+}
+
+impl<'k> InPlaceOp<'k> {
+    /// The op made ready for `inputs` on the backend that ran it (`used`): `None` unless
+    /// that is the native backend, the op has a chain for these inputs (a single-kernel op
+    /// is its own), every kernel compiles for in-place runs (f32/i32/bool arrays) and one
+    /// call on `inputs` succeeds.
+    pub(crate) fn new(
+        op: &'k dyn LibraryKernel,
+        params: &Params,
+        used: Backend,
+        inputs: &[Array],
+    ) -> Option<Self> {
+        if used != Backend::Native {
+            return None;
+        }
+        let kernels = op.build(params).ok()?;
+        let chain = match op.chain(params, inputs.len()) {
+            Some(chain) => chain,
+            None if kernels.len() == 1 => Chain {
+                reads: Vec::new(),
+                steps: vec![Step {
+                    kernel: 0,
+                    inputs: (0..inputs.len()).map(Source::Input).collect(),
+                }],
+                outputs: Vec::new(),
+            },
+            None => return None,
+        };
+        let native = runtime::native::backend();
+        let steps = chain
+            .steps
+            .iter()
+            .map(|step| {
+                let prepared = native.prepare(kernels.get(step.kernel)?).ok()?;
+                let outputs = prepared
+                    .output_types()
+                    .iter()
+                    .map(|t| Array::try_zeros(t.clone(), "an in-place output").ok())
+                    .collect::<Option<Vec<_>>>()?;
+                Some((prepared, outputs))
+            })
+            .collect::<Option<Vec<_>>>()?;
+        let mut op = InPlaceOp {
+            op,
+            params: params.clone(),
+            chain,
+            steps,
+        };
+        op.run(inputs).ok()?;
+        Some(op)
+    }
+
+    /// One call: the derived arrays, then each step in place.
+    pub(crate) fn run(&mut self, inputs: &[Array]) -> Result<(), BoxError> {
+        let input = |i: usize| {
+            inputs
+                .get(i)
+                .cloned()
+                .ok_or_else(|| format!("the chain reads input {i} of {}", inputs.len()))
+        };
+        let read = self
+            .chain
+            .reads
+            .iter()
+            .map(|&i| input(i))
+            .collect::<Result<Vec<_>, _>>()?;
+        let derived = self.op.derive(&self.params, &read)?;
+        for (at, step) in self.chain.steps.iter().enumerate() {
+            let (done, rest) = self.steps.split_at_mut(at);
+            let (prepared, outputs) = &mut rest[0];
+            // Clones share the arrays' storage (dropped before the next step writes).
+            let ins = step
+                .inputs
+                .iter()
+                .map(|s| match *s {
+                    Source::Input(i) => input(i),
+                    Source::Derived(i) => derived.get(i).cloned().ok_or_else(|| {
+                        format!("the chain reads derived array {i} of {}", derived.len())
+                    }),
+                    Source::Output { step, index } => done
+                        .get(step)
+                        .and_then(|(_, outs)| outs.get(index))
+                        .cloned()
+                        .ok_or_else(|| format!("the chain reads output {index} of step {step}")),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            prepared.run_on(&ins, outputs)?;
+        }
+        Ok(())
+    }
+}
