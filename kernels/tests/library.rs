@@ -202,23 +202,18 @@ fn varlen_chains_compute_what_run_computes() {
         let saved = forward.run(&p, &inputs, &mut interp).unwrap();
         assert_eq!(run_chain(forward, &p, &chain, &inputs), saved, "{p}");
         let mut inputs = backward.inputs(&p, 1).unwrap();
-        let want = backward.run(&p, &inputs, &mut interp).unwrap();
-        let chain = backward.chain(&p, inputs.len()).unwrap();
-        assert_eq!(
-            chain.steps.len(),
-            if kv_heads == "2" { 2 } else { 3 },
-            "{p}"
-        );
-        assert_eq!(run_chain(backward, &p, &chain, &inputs), want, "{p}");
+        let unfused = usize::from(kv_heads == "1");
+        assert_chain_runs(backward, &p, &inputs, 2 + unfused);
         // With the forward's results given, the backward's chain skips the forward.
         inputs.extend(saved);
-        let want = backward.run(&p, &inputs, &mut interp).unwrap();
-        let chain = backward.chain(&p, inputs.len()).unwrap();
-        assert_eq!(
-            chain.steps.len(),
-            if kv_heads == "2" { 1 } else { 2 },
-            "{p}"
-        );
-        assert_eq!(run_chain(backward, &p, &chain, &inputs), want, "{p}");
+        assert_chain_runs(backward, &p, &inputs, 1 + unfused);
     }
+}
+
+/// `k`'s chain for `inputs` has `steps` steps and computes what its `run` computes.
+fn assert_chain_runs(k: &dyn LibraryKernel, p: &Params, inputs: &[Array], steps: usize) {
+    let want = k.run(p, inputs, &mut interp).unwrap();
+    let chain = k.chain(p, inputs.len()).expect("the op chains");
+    assert_eq!(chain.steps.len(), steps, "{p}");
+    assert_eq!(run_chain(k, p, &chain, inputs), want, "{p}");
 }
