@@ -89,16 +89,11 @@ impl<'k> InPlaceOp<'k> {
             let ins = step
                 .inputs
                 .iter()
-                .map(|s| match *s {
-                    Source::Input(i) => input(i),
-                    Source::Derived(i) => derived.get(i).cloned().ok_or_else(|| {
-                        format!("the chain reads derived array {i} of {}", derived.len())
-                    }),
-                    Source::Output { step, index } => done
-                        .get(step)
-                        .and_then(|(_, outs)| outs.get(index))
+                .map(|s| {
+                    let output = |step: usize, index| done.get(step)?.1.get(index);
+                    s.resolve(inputs, &derived, output)
                         .cloned()
-                        .ok_or_else(|| format!("the chain reads output {index} of step {step}")),
+                        .ok_or_else(|| format!("the chain names {s:?}, which does not exist"))
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             prepared.run_on(&ins, outputs)?;

@@ -32,6 +32,16 @@ impl ArrayData {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// The address of the first element, for code that reads the storage in place (a
+    /// `bool` is one byte holding 0 or 1).
+    pub fn as_ptr(&self) -> *const u8 {
+        match self {
+            ArrayData::Float(v) => v.as_ptr().cast(),
+            ArrayData::Int(v) => v.as_ptr().cast(),
+            ArrayData::Bool(v) => v.as_ptr().cast(),
+        }
+    }
 }
 
 /// A dense row-major array with a dtype and a static shape. Clones share the elements

@@ -15,6 +15,29 @@ pub enum Source {
     Output { step: usize, index: usize },
 }
 
+impl Source {
+    /// Output `index` of chain step `step`.
+    pub fn output(step: usize, index: usize) -> Source {
+        Source::Output { step, index }
+    }
+
+    /// What this source names, for an executor holding the op's `inputs`, the `derived`
+    /// arrays and the steps' outputs (`output(step, index)`); `None` when it has none
+    /// such.
+    pub fn resolve<'a, T>(
+        self,
+        inputs: &'a [T],
+        derived: &'a [T],
+        output: impl FnOnce(usize, usize) -> Option<&'a T>,
+    ) -> Option<&'a T> {
+        match self {
+            Source::Input(i) => inputs.get(i),
+            Source::Derived(i) => derived.get(i),
+            Source::Output { step, index } => output(step, index),
+        }
+    }
+}
+
 /// One kernel run of a chain.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Step {

@@ -115,10 +115,12 @@ fn run_chain(
     let read: Vec<Array> = chain.reads.iter().map(|&i| inputs[i].clone()).collect();
     let derived = k.derive(p, &read).unwrap();
     let mut outputs: Vec<Vec<Array>> = Vec::new();
-    let pick = |outputs: &[Vec<Array>], s: &kernels::Source| match *s {
-        kernels::Source::Input(i) => inputs[i].clone(),
-        kernels::Source::Derived(i) => derived[i].clone(),
-        kernels::Source::Output { step, index } => outputs[step][index].clone(),
+    let pick = |outputs: &[Vec<Array>], s: &kernels::Source| {
+        s.resolve(inputs, &derived, |step, index| {
+            outputs.get(step)?.get(index)
+        })
+        .expect("the chain names what exists")
+        .clone()
     };
     for step in &chain.steps {
         let ins: Vec<Array> = step.inputs.iter().map(|s| pick(&outputs, s)).collect();

@@ -377,15 +377,12 @@ fn run_chain(
     let mut produced: Vec<Vec<Buffer>> = Vec::with_capacity(plans.len());
     let mut scratch: Vec<Vec<u32>> = Vec::new();
     for ((compiled, out_types, outs), step) in plans.into_iter().zip(&chain.steps) {
-        let ins: Vec<Buffer> = step
-            .inputs
-            .iter()
-            .map(|s| match *s {
-                Source::Input(i) => inputs[i].clone(),
-                Source::Derived(i) => derived_buffers[i].clone(),
-                Source::Output { step, index } => produced[step][index].clone(),
-            })
-            .collect();
+        let mut ins: Vec<Buffer> = Vec::with_capacity(step.inputs.len());
+        for s in &step.inputs {
+            let output = |step: usize, index| produced.get(step)?.get(index);
+            // Checked above: every source exists when its step runs.
+            ins.push(s.resolve(inputs, &derived_buffers, output)?.clone());
+        }
         let mut step_outs = Vec::with_capacity(outs.len());
         for (to, t) in outs.into_iter().zip(out_types) {
             step_outs.push(match to {
@@ -459,11 +456,7 @@ fn derive(
 
 /// An array's element storage as a buffer (valid while the array lives, unchanged).
 fn array_buffer(a: &Array) -> Buffer {
-    let addr = match a.data() {
-        ArrayData::Float(v) => v.as_ptr() as usize,
-        ArrayData::Int(v) => v.as_ptr() as usize,
-        ArrayData::Bool(v) => v.as_ptr() as usize,
-    };
+    let addr = a.data().as_ptr() as usize;
     (addr, a.ty().shape.clone(), a.dtype().name().to_string())
 }
 

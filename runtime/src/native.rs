@@ -561,10 +561,10 @@ impl Prepared {
                 self.kernel.name
             )));
         }
-        let ins: Vec<*const c_void> = inputs.iter().map(|a| data_ptr(a.data())).collect();
+        let ins: Vec<*const c_void> = inputs.iter().map(|a| a.data().as_ptr().cast()).collect();
         let outs: Vec<*mut c_void> = outputs
             .iter_mut()
-            .map(|a| data_ptr(a.data_mut()) as *mut c_void)
+            .map(|a| a.data_mut().as_ptr().cast_mut().cast())
             .collect();
         // SAFETY: each array owns a whole buffer of its (checked) type; the outputs are
         // borrowed mutably, so they overlap nothing.
@@ -757,10 +757,10 @@ fn execute(
         })
         .collect::<Result<_, _>>()
         .map_err(|e| crate::Error::Run(RunError::Alloc(e)))?;
-    let input_ptrs: Vec<*const c_void> = inputs.iter().map(|a| data_ptr(a.data())).collect();
+    let input_ptrs: Vec<*const c_void> = inputs.iter().map(|a| a.data().as_ptr().cast()).collect();
     let output_ptrs: Vec<*mut c_void> = padded
         .iter_mut()
-        .map(|a| data_ptr(a.data_mut()) as *mut c_void)
+        .map(|a| a.data_mut().as_ptr().cast_mut().cast())
         .collect();
     // SAFETY: check_inputs matched every input to its type; outputs were just allocated
     // with their padded shapes' sizes.
@@ -782,15 +782,6 @@ fn execute(
             Array::new(r.ty.clone(), data).map_err(|e| crate::Error::Native(e.to_string()))
         })
         .collect()
-}
-
-fn data_ptr(d: &ArrayData) -> *const c_void {
-    match d {
-        ArrayData::Float(v) => v.as_ptr() as *const c_void,
-        ArrayData::Int(v) => v.as_ptr() as *const c_void,
-        // `bool` is one byte holding 0 or 1: the kernel's i8 storage.
-        ArrayData::Bool(v) => v.as_ptr() as *const c_void,
-    }
 }
 
 /// Kernels that move fewer bytes than this run on the calling thread: handing work to a

@@ -575,7 +575,7 @@ impl Op for FlashAttentionBwd {
     /// do[, o, lse]`); `delta` from `(o, do)`; then `(q, k, v, do, lse, delta) -> (dq, dk,
     /// dv)` by the fused kernel, or by the dq and dk/dv kernels.
     fn chain(c: &Self::Config, inputs: usize) -> Option<Chain> {
-        let output = |step, index| Source::Output { step, index };
+        let output = Source::output;
         let [q, k, v, d_o] = [0, 1, 2, 3].map(Source::Input);
         let mut steps = Vec::new();
         let (o, lse) = match inputs {

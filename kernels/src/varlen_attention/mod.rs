@@ -446,11 +446,6 @@ fn query_tile_inputs(leading: &[Source]) -> Vec<Source> {
     leading.iter().chain(&plan).copied().collect()
 }
 
-/// Output `index` of chain step `step`.
-fn step_output(step: usize, index: usize) -> Source {
-    Source::Output { step, index }
-}
-
 /// For every (sequence, query position) the keys of the sequence it sees.
 fn for_each_query(
     c: &VarlenConfig,
@@ -632,7 +627,7 @@ impl Op for VarlenAttention {
                 kernel: 0,
                 inputs: query_tile_inputs(&[0, 1, 2].map(Source::Input)),
             }],
-            outputs: vec![step_output(0, 0), step_output(0, 1)],
+            outputs: vec![Source::output(0, 0), Source::output(0, 1)],
         })
     }
 
@@ -767,7 +762,7 @@ impl Op for VarlenAttentionBwd {
                 kernel: 0,
                 inputs: query_tile_inputs(&qkv),
             });
-            (step_output(0, 0), step_output(0, 1))
+            (Source::output(0, 0), Source::output(0, 1))
         };
         let d_o = Source::Input(3);
         let grads = steps.len();
@@ -776,18 +771,18 @@ impl Op for VarlenAttentionBwd {
             inputs: query_tile_inputs(&[qkv[0], qkv[1], qkv[2], o, d_o, lse]),
         });
         let outputs = if c.fuses_backward() {
-            (0..3).map(|i| step_output(grads, i)).collect()
+            (0..3).map(|i| Source::output(grads, i)).collect()
         } else {
-            let delta = step_output(grads, 1);
+            let delta = Source::output(grads, 1);
             let [first, end, _, k_tiles] = [0, 1, 2, 3].map(Source::Derived);
             steps.push(Step {
                 kernel: 2,
                 inputs: vec![qkv[0], qkv[1], qkv[2], d_o, lse, delta, first, end, k_tiles],
             });
             vec![
-                step_output(grads, 0),
-                step_output(grads + 1, 0),
-                step_output(grads + 1, 1),
+                Source::output(grads, 0),
+                Source::output(grads + 1, 0),
+                Source::output(grads + 1, 1),
             ]
         };
         Some(Chain {
