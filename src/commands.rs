@@ -456,7 +456,7 @@ fn time_op(
     runs: impl Into<Runs> + Copy,
 ) -> Result<(f64, bool), BoxError> {
     match InPlaceOp::new(k, p, used, inputs) {
-        Some(mut op) => Ok((median_ms(runs, || op.run(inputs))?, true)),
+        Some(mut op) => Ok((median_ms(runs, || op.run())?, true)),
         None => Ok((
             median_ms(runs, || execute(k, p, inputs, used).map(|_| ()))?,
             false,

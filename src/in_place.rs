@@ -3,24 +3,26 @@
 
 use kernel_ir::Array;
 use kernels::{BoxError, Chain, LibraryKernel, Params, Source, Step};
-use runtime::native::Prepared;
+use runtime::native::{NativeArray, Prepared};
 use runtime::Backend;
 
-/// An op's chain of kernels compiled for in-place runs, with each step's outputs
-/// allocated once. A call derives the op's host arrays (varlen's tile plan) from its
-/// inputs and runs the steps on the inputs' storage and the reused outputs.
+/// An op's chain of kernels compiled for in-place runs on its inputs, which it holds in
+/// the native layout (bf16/f16 in 2 bytes, as tensors hold them), with each step's
+/// outputs allocated once. A call derives the op's host arrays (varlen's tile plan) from
+/// the inputs and runs the steps on their storage and the reused outputs.
 pub(crate) struct InPlaceOp<'k> {
     op: &'k dyn LibraryKernel,
     params: Params,
     chain: Chain,
-    steps: Vec<(Prepared, Vec<Array>)>,
+    inputs: Vec<Array>,
+    native_inputs: Vec<NativeArray>,
+    steps: Vec<(Prepared, Vec<NativeArray>)>,
 }
 
 impl<'k> InPlaceOp<'k> {
     /// The op made ready for `inputs` on the backend that ran it (`used`): `None` unless
     /// that is the native backend, the op has a chain for these inputs (a single-kernel op
-    /// is its own), every kernel compiles for in-place runs (f32/i32/bool arrays) and one
-    /// call on `inputs` succeeds.
+    /// is its own), every kernel compiles and one call succeeds.
     pub(crate) fn new(
         op: &'k dyn LibraryKernel,
         params: &Params,
@@ -52,23 +54,31 @@ impl<'k> InPlaceOp<'k> {
                 let outputs = prepared
                     .output_types()
                     .iter()
-                    .map(|t| Array::try_zeros(t.clone(), "an in-place output").ok())
+                    .map(|t| NativeArray::zeros(t.clone(), "an in-place output").ok())
                     .collect::<Option<Vec<_>>>()?;
                 Some((prepared, outputs))
             })
             .collect::<Option<Vec<_>>>()?;
+        let native_inputs = inputs
+            .iter()
+            .map(NativeArray::from_array)
+            .collect::<Result<_, _>>()
+            .ok()?;
         let mut op = InPlaceOp {
             op,
             params: params.clone(),
             chain,
+            inputs: inputs.to_vec(),
+            native_inputs,
             steps,
         };
-        op.run(inputs).ok()?;
+        op.run().ok()?;
         Some(op)
     }
 
     /// One call: the derived arrays, then each step in place.
-    pub(crate) fn run(&mut self, inputs: &[Array]) -> Result<(), BoxError> {
+    pub(crate) fn run(&mut self) -> Result<(), BoxError> {
+        let inputs = &self.inputs;
         let input = |i: usize| {
             inputs
                 .get(i)
@@ -81,7 +91,12 @@ impl<'k> InPlaceOp<'k> {
             .iter()
             .map(|&i| input(i))
             .collect::<Result<Vec<_>, _>>()?;
-        let derived = self.op.derive(&self.params, &read)?;
+        let derived = self
+            .op
+            .derive(&self.params, &read)?
+            .iter()
+            .map(NativeArray::from_array)
+            .collect::<Result<Vec<_>, _>>()?;
         for (at, step) in self.chain.steps.iter().enumerate() {
             let (done, rest) = self.steps.split_at_mut(at);
             let (prepared, outputs) = &mut rest[0];
@@ -91,7 +106,7 @@ impl<'k> InPlaceOp<'k> {
                 .iter()
                 .map(|s| {
                     let output = |step: usize, index| done.get(step)?.1.get(index);
-                    s.resolve(inputs, &derived, output)
+                    s.resolve(&self.native_inputs, &derived, output)
                         .cloned()
                         .ok_or_else(|| format!("the chain names {s:?}, which does not exist"))
                 })

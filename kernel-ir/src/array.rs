@@ -62,6 +62,25 @@ pub fn round_to(dtype: DType, x: f32) -> f32 {
     }
 }
 
+/// The 2-byte encoding of `x` as a `dtype` element (bf16, else f16; rounded to nearest
+/// even): how tensors and the native backend's memory hold those dtypes.
+#[inline]
+pub fn to_half_bits(dtype: DType, x: f32) -> u16 {
+    match dtype {
+        DType::BF16 => half::bf16::from_f32(x).to_bits(),
+        _ => half::f16::from_f32(x).to_bits(),
+    }
+}
+
+/// The value of a 2-byte `dtype` element (bf16, else f16) as f32 (exact).
+#[inline]
+pub fn from_half_bits(dtype: DType, bits: u16) -> f32 {
+    match dtype {
+        DType::BF16 => half::bf16::from_bits(bits).to_f32(),
+        _ => half::f16::from_bits(bits).to_f32(),
+    }
+}
+
 /// Why an array could not be built.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ArrayError(pub String);

@@ -20,7 +20,8 @@ mod types;
 mod verify;
 
 pub use array::{
-    human_bytes, round_to, try_vec, try_with_capacity, AllocError, Array, ArrayData, ArrayError,
+    from_half_bits, human_bytes, round_to, to_half_bits, try_vec, try_with_capacity, AllocError,
+    Array, ArrayData, ArrayError,
 };
 pub use builder::KernelBuilder;
 pub use interp::{

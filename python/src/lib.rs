@@ -56,11 +56,8 @@ unsafe fn read(addr: usize, ty: &TensorType, what: &str) -> Result<Array, AllocE
     }
     let data = match ty.dtype {
         DType::F32 => ArrayData::Float(copy(addr, n, what, ty, |x: f32| x)?),
-        DType::BF16 => ArrayData::Float(copy(addr, n, what, ty, |b| {
-            half::bf16::from_bits(b).to_f32()
-        })?),
-        DType::F16 => ArrayData::Float(copy(addr, n, what, ty, |b| {
-            half::f16::from_bits(b).to_f32()
+        DType::BF16 | DType::F16 => ArrayData::Float(copy(addr, n, what, ty, |b| {
+            kernel_ir::from_half_bits(ty.dtype, b)
         })?),
         DType::I32 => ArrayData::Int(copy(addr, n, what, ty, |x: i32| x)?),
         DType::Bool => ArrayData::Bool(copy(addr, n, what, ty, |x: bool| x)?),
@@ -78,20 +75,12 @@ unsafe fn write(addr: usize, a: &Array) {
         (ArrayData::Float(v), DType::F32) => {
             std::slice::from_raw_parts_mut(addr as *mut f32, n).copy_from_slice(v)
         }
-        (ArrayData::Float(v), DType::BF16) => {
+        (ArrayData::Float(v), dtype) => {
             for (d, &x) in std::slice::from_raw_parts_mut(addr as *mut u16, n)
                 .iter_mut()
                 .zip(v)
             {
-                *d = half::bf16::from_f32(x).to_bits();
-            }
-        }
-        (ArrayData::Float(v), _) => {
-            for (d, &x) in std::slice::from_raw_parts_mut(addr as *mut u16, n)
-                .iter_mut()
-                .zip(v)
-            {
-                *d = half::f16::from_f32(x).to_bits();
+                *d = kernel_ir::to_half_bits(dtype, x);
             }
         }
         (ArrayData::Int(v), _) => {
@@ -227,28 +216,16 @@ fn tuned_op(
 }
 
 /// `kernel` compiled to run natively on the callers' storage, when `requested` resolves to
-/// the native backend for it and its types allow that ([`in_place_types`]). A kernel the
-/// JIT cannot compile gives `None`: it runs through arrays, where `auto` falls back.
+/// the native backend for it. A kernel the JIT cannot compile gives `None`: it runs
+/// through arrays, where `auto` falls back.
 pub(crate) fn compiled_in_place(
     kernel: &kernel_ir::Kernel,
     requested: Backend,
 ) -> Option<runtime::native::Prepared> {
-    let native = in_place_types(kernel)
-        && runtime::resolve(requested, kernel).is_ok_and(|r| r.backend == Backend::Native);
+    let native = runtime::resolve(requested, kernel).is_ok_and(|r| r.backend == Backend::Native);
     native
         .then(|| runtime::native::backend().prepare(kernel).ok())
         .flatten()
-}
-
-/// Whether a kernel's inputs and outputs can be the callers' storage on the native
-/// backend: f32, i32 and bool elements (bf16/f16 arrays hold f32 there).
-fn in_place_types(kernel: &kernel_ir::Kernel) -> bool {
-    let narrow = |t: &TensorType| matches!(t.dtype, DType::BF16 | DType::F16);
-    !kernel
-        .input_types()
-        .iter()
-        .chain(&kernel.output_types())
-        .any(narrow)
 }
 
 /// Runs `run` on the buffers' addresses with panics caught: the native in-place path.
@@ -331,7 +308,7 @@ fn run_chain(
         Ok(derived) => derived,
         Err(e) => return Some(Err(e)),
     };
-    let derived_buffers: Vec<Buffer> = derived.iter().map(array_buffer).collect();
+    let derived_buffers: Vec<Buffer> = derived.iter().map(array_buffer).collect::<Option<_>>()?;
     // Every buffer and earlier output has the type its kernel takes, checked before any
     // kernel runs; each step's outputs are the op output they are, if any.
     let mut plans = Vec::with_capacity(chain.steps.len());
@@ -388,7 +365,7 @@ fn run_chain(
             step_outs.push(match to {
                 Some(o) => outputs[o].clone(),
                 None => {
-                    // In-place types are f32, i32 (4 bytes) and bool (1 byte).
+                    // Whole words of 4 bytes (f32, i32), 2 (bf16, f16) or 1 (bool).
                     let words = t.byte_size().unwrap_or(u64::MAX).div_ceil(4);
                     let words = match try_with_capacity::<u32>(
                         || format!("{}: an intermediate array", context()),
@@ -454,10 +431,12 @@ fn derive(
     )
 }
 
-/// An array's element storage as a buffer (valid while the array lives, unchanged).
-fn array_buffer(a: &Array) -> Buffer {
+/// An array's element storage as a buffer (valid while the array lives, unchanged);
+/// `None` for bf16/f16 arrays, whose f32 values are not the 2-byte elements kernels read.
+fn array_buffer(a: &Array) -> Option<Buffer> {
     let addr = a.data().as_ptr() as usize;
-    (addr, a.ty().shape.clone(), a.dtype().name().to_string())
+    let half = matches!(a.dtype(), DType::BF16 | DType::F16);
+    (!half).then(|| (addr, a.ty().shape.clone(), a.dtype().name().to_string()))
 }
 
 /// Whether the buffers have exactly these types.
@@ -521,13 +500,12 @@ impl<'a> HostCall<'a> {
         })
     }
 
-    /// The zero-copy path: a kernel that runs natively on f32/i32/bool buffers reads the
-    /// tensors' storage and writes the outputs' directly. `None` when it does not apply
+    /// The zero-copy path: a kernel that runs natively reads the tensors' storage and
+    /// writes the outputs' directly. `None` when it does not apply
     /// (then the caller copies through arrays).
     fn in_place(&self, kernel: &kernel_ir::Kernel) -> Option<Result<&'static str, OpError>> {
         if kernel.input_types() != self.in_types
             || kernel.output_types() != self.out_types
-            || !in_place_types(kernel)
             || runtime::resolve(self.requested, kernel).ok()?.backend != Backend::Native
         {
             return None;

@@ -173,8 +173,10 @@ impl Compiler for JitCompiler {
 }
 
 mod crew;
+mod layout;
 mod pool;
 
+pub use layout::NativeArray;
 pub use pool::{name as thread_pool, use_openmp, OpenMp, OPENMP_SYMBOLS};
 
 /// The buffers JIT'd code allocates (`memref.alloc`: blocks, scratch; the engine binds
@@ -459,10 +461,11 @@ impl Native {
     }
 }
 
-/// Bytes per element of a dtype's host storage (floats are f32, bools one byte).
+/// Bytes per element of a dtype in the native code's memory (bf16/f16 two, bools one).
 fn element_bytes(d: DType) -> usize {
     match d {
         DType::Bool => 1,
+        DType::BF16 | DType::F16 => 2,
         _ => 4,
     }
 }
@@ -553,31 +556,26 @@ pub struct Prepared {
 impl Prepared {
     /// Runs the kernel on `inputs`, writing into `outputs`: arrays of the kernel's input
     /// and output types, the outputs reused across calls as the torch ops reuse
-    /// PyTorch's memory (what `tessera bench` times for single-kernel native runs).
-    pub fn run_on(&self, inputs: &[Array], outputs: &mut [Array]) -> Result<(), crate::Error> {
-        if !self.takes(inputs, outputs) {
+    /// PyTorch's memory (what `tessera bench` times for native runs).
+    pub fn run_on(
+        &self,
+        inputs: &[NativeArray],
+        outputs: &mut [NativeArray],
+    ) -> Result<(), crate::Error> {
+        let same = |arrays: &[NativeArray], types: &[TensorType]| {
+            arrays.len() == types.len() && arrays.iter().zip(types).all(|(a, t)| a.ty() == t)
+        };
+        if !same(inputs, &self.input_types) || !same(outputs, &self.output_types) {
             return Err(crate::Error::Native(format!(
                 "@{}: the arrays are not of the kernel's input and output types",
                 self.kernel.name
             )));
         }
-        let ins: Vec<*const c_void> = inputs.iter().map(|a| a.data().as_ptr().cast()).collect();
-        let outs: Vec<*mut c_void> = outputs
-            .iter_mut()
-            .map(|a| a.data_mut().as_ptr().cast_mut().cast())
-            .collect();
-        // SAFETY: each array owns a whole buffer of its (checked) type; the outputs are
-        // borrowed mutably, so they overlap nothing.
+        let ins: Vec<*const c_void> = inputs.iter().map(NativeArray::as_ptr).collect();
+        let outs: Vec<*mut c_void> = outputs.iter_mut().map(NativeArray::as_mut_ptr).collect();
+        // SAFETY: each array owns a whole buffer of its (checked) type in the native
+        // layout; the outputs are borrowed mutably, so they overlap nothing.
         unsafe { self.run_in_place(&ins, &outs) }
-    }
-
-    /// Whether `inputs` and `outputs` are of the kernel's input and output types (what
-    /// [`Self::run_on`] takes).
-    pub fn takes(&self, inputs: &[Array], outputs: &[Array]) -> bool {
-        let same = |arrays: &[Array], types: &[TensorType]| {
-            arrays.len() == types.len() && arrays.iter().zip(types).all(|(a, t)| a.ty() == t)
-        };
-        same(inputs, &self.input_types) && same(outputs, &self.output_types)
     }
 
     /// The kernel's input types.
@@ -652,8 +650,8 @@ impl Native {
     /// Runs `kernel` on caller-owned storage without copying it (only arrays that are
     /// not a whole number of blocks go through padded copies): `inputs[i]` and
     /// `outputs[i]` point to row-major arrays of the kernel's input and output types.
-    /// Every I/O dtype must be f32, i32 or bool (one byte), the layouts callers such as
-    /// PyTorch share.
+    /// Elements are laid out as PyTorch's tensors hold them: f32 and i32 in 4 bytes,
+    /// bf16 and f16 in 2, bool in one.
     ///
     /// # Safety
     /// Each pointer must address a whole array of its type, valid for the call; outputs
@@ -672,15 +670,6 @@ impl Native {
     /// callers that run one kernel many times keep to skip the lookups.
     pub fn prepare(&self, kernel: &Kernel) -> Result<Prepared, crate::Error> {
         let (input_types, output_types) = (kernel.input_types(), kernel.output_types());
-        if let Some(t) = input_types
-            .iter()
-            .chain(&output_types)
-            .find(|t| matches!(t.dtype, DType::BF16 | DType::F16))
-        {
-            return Err(crate::Error::Native(format!(
-                "in-place runs take f32, i32 and bool arrays, not {t}"
-            )));
-        }
         Ok(Prepared {
             compiled: self.compile(kernel)?,
             kernel: kernel.clone(),
@@ -749,26 +738,30 @@ fn execute(
         .zip(&module.padded_shapes)
         .filter(|(r, _)| r.kind == RefKind::Output)
         .collect();
-    let mut padded: Vec<Array> = outputs
+    let alloc_error = |e| crate::Error::Run(RunError::Alloc(e));
+    let mut padded: Vec<NativeArray> = outputs
         .iter()
         .map(|(r, shape)| {
             let ty = TensorType::new(r.ty.dtype, shape.to_vec());
-            Array::try_zeros(ty, &format!("out %{}", r.name))
+            NativeArray::zeros(ty, &format!("out %{}", r.name))
         })
         .collect::<Result<_, _>>()
-        .map_err(|e| crate::Error::Run(RunError::Alloc(e)))?;
-    let input_ptrs: Vec<*const c_void> = inputs.iter().map(|a| a.data().as_ptr().cast()).collect();
-    let output_ptrs: Vec<*mut c_void> = padded
-        .iter_mut()
-        .map(|a| a.data_mut().as_ptr().cast_mut().cast())
-        .collect();
-    // SAFETY: check_inputs matched every input to its type; outputs were just allocated
-    // with their padded shapes' sizes.
+        .map_err(alloc_error)?;
+    let inputs: Vec<NativeArray> = inputs
+        .iter()
+        .map(NativeArray::from_array)
+        .collect::<Result<_, _>>()
+        .map_err(alloc_error)?;
+    let input_ptrs: Vec<*const c_void> = inputs.iter().map(NativeArray::as_ptr).collect();
+    let output_ptrs: Vec<*mut c_void> = padded.iter_mut().map(NativeArray::as_mut_ptr).collect();
+    // SAFETY: check_inputs matched every input to its type (in the native layout now);
+    // outputs were just allocated with their padded shapes' sizes.
     unsafe { execute_raw(kernel, module, exe, "", &input_ptrs, &output_ptrs, true) }?;
     outputs
         .iter()
         .zip(padded)
-        .map(|((r, shape), array)| {
+        .map(|((r, shape), buffer)| {
+            let array = buffer.into_array().map_err(alloc_error)?;
             if *shape == &r.ty.shape {
                 return Ok(array);
             }

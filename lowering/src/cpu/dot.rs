@@ -37,8 +37,12 @@ impl<'k> Emitter<'k> {
         let a = match a {
             // The micro-kernel reads single elements of A: a view of dense rows will do,
             // and so will a transposed view of dense rows (its tile's rows for one k are
-            // then adjacent in the buffer).
-            Val::View(view) if dense_rows(&view, k) || dense_transposed(&view, m) => view,
+            // then adjacent in the buffer). 2-byte refs are widened into a copy once.
+            Val::View(view)
+                if !view.narrow() && (dense_rows(&view, k) || dense_transposed(&view, m)) =>
+            {
+                view
+            }
             other => self.pack(&other, &TensorType::new(lt.dtype, ashape)),
         };
         let b = self.dot_rhs(b, &TensorType::new(rt.dtype, bshape));
@@ -91,11 +95,12 @@ impl<'k> Emitter<'k> {
         Val::View(c)
     }
 
-    /// The dot's right operand as a view whose rows are contiguous (the micro-kernel loads
-    /// 8 consecutive elements of a row): read in place, transposed by 8x8 register
-    /// blocks, or copied.
+    /// The dot's right operand as a view whose rows are contiguous f32 (the micro-kernel
+    /// loads 8 consecutive elements of a row): read in place, transposed by 8x8 register
+    /// blocks, or copied (2-byte refs always: the copy widens them).
     fn dot_rhs(&mut self, b: Val, ty: &TensorType) -> View {
         match b {
+            Val::View(view) if view.narrow() => self.pack(&Val::View(view), ty),
             Val::View(view) if dense_rows(&view, ty.shape[1]) => view,
             Val::View(view) if transposed_2d(&view) && ty.shape.iter().all(|d| d % LANES == 0) => {
                 self.pack_transposed(&view, ty)

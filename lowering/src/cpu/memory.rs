@@ -217,7 +217,6 @@ impl<'k> Emitter<'k> {
     /// `lane`'s elements of `v` as registers of `dtype` (a scalar or `vector<8x..>`).
     pub(super) fn read(&mut self, v: &Val, dtype: DType, lane: &Lane) -> String {
         let w = lane.width;
-        let elem = storage(dtype);
         match v {
             Val::Expr(e) => {
                 let args: Vec<String> = e
@@ -252,6 +251,7 @@ impl<'k> Emitter<'k> {
                 self.assign(&format!("arith.addi {base}, {step} : {t}"))
             }
             Val::View(view) => {
+                let elem = view.elem;
                 let last = lane.idx.len().wrapping_sub(1);
                 let contiguous = view.dims.last() == Some(&Some(last));
                 let varies = view.dims.contains(&Some(last));
@@ -299,6 +299,9 @@ impl<'k> Emitter<'k> {
                 if dtype == DType::Bool {
                     let (from, to) = (lanes_of("i8", w), lanes_of("i1", w));
                     self.assign(&format!("arith.trunci {loaded} : {from} to {to}"))
+                } else if view.narrow() {
+                    let (from, to) = (lanes_of(elem, w), lanes_of("f32", w));
+                    self.assign(&format!("arith.extf {loaded} : {from} to {to}"))
                 } else {
                     loaded
                 }
@@ -312,6 +315,11 @@ impl<'k> Emitter<'k> {
         let x = if dtype == DType::Bool {
             let (from, to) = (lanes_of("i1", w), lanes_of("i8", w));
             self.assign(&format!("arith.extui {x} : {from} to {to}"))
+        } else if view.narrow() {
+            // Rounds to nearest even, as the interpreter does (values computed in the
+            // kernel are already rounded).
+            let (from, to) = (lanes_of("f32", w), lanes_of(view.elem, w));
+            self.assign(&format!("arith.truncf {x} : {from} to {to}"))
         } else {
             x.to_string()
         };
@@ -329,7 +337,7 @@ impl<'k> Emitter<'k> {
                 view.mem,
                 ix.join(", "),
                 view.mem_type,
-                lanes_of(storage(dtype), w)
+                lanes_of(view.elem, w)
             ));
         }
     }

@@ -19,7 +19,9 @@
 //!   AVX2, 8x32 on AVX-512). `exp` is a polynomial in `arith` (`math.rs`: the
 //!   LLVM intrinsic would become a scalar `expf` per lane). `for`/`if` are in `control.rs`.
 //! * Floats compute in f32; bf16/f16 results are rounded after every op as the
-//!   interpreter does. Bools are stored as bytes.
+//!   interpreter does. Input and output refs of bf16/f16 hold 2-byte elements (the
+//!   callers' tensors as they are), widened on load and narrowed on store; buffers inside
+//!   the kernel hold them as f32. Bools are stored as bytes.
 
 use std::collections::HashMap;
 use std::f64::consts::LN_2;
@@ -318,6 +320,8 @@ fn cheap_to_recompute(op: &Op, computed: impl Fn(Value) -> bool) -> bool {
 struct View {
     mem: String,
     mem_type: String,
+    /// The memref's element type ([`storage`], or a ref's [`ref_storage`]).
+    elem: &'static str,
     /// The memref's shape.
     shape: Vec<u64>,
     offsets: Vec<Option<String>>,
@@ -331,7 +335,24 @@ struct Lane {
     width: u64,
 }
 
-/// The storage element type of a dtype.
+impl View {
+    /// Whether the memory holds 2-byte floats (a bf16/f16 ref), which reads widen to f32
+    /// and writes narrow from it.
+    fn narrow(&self) -> bool {
+        matches!(self.elem, "bf16" | "f16")
+    }
+}
+
+/// The element type of an input or output ref of a dtype: bf16 and f16 as themselves.
+fn ref_storage(d: DType) -> &'static str {
+    match d {
+        DType::BF16 => "bf16",
+        DType::F16 => "f16",
+        d => storage(d),
+    }
+}
+
+/// The element type of a buffer inside the kernel holding a dtype.
 fn storage(d: DType) -> &'static str {
     match d {
         DType::F32 | DType::BF16 | DType::F16 => "f32",
@@ -377,8 +398,8 @@ struct Emitter<'k> {
     consts: HashMap<(String, String), String>,
     values: HashMap<Value, Val>,
     padded: Vec<Vec<u64>>,
-    /// The memref of each ref.
-    ref_mems: Vec<String>,
+    /// The memref of each ref, and its element type.
+    ref_mems: Vec<(String, &'static str)>,
     /// Program ids (i32) of the current program.
     pids: Vec<String>,
     /// Block start (index) per array dim of each ref, in the current program.
@@ -478,7 +499,7 @@ impl<'k> Emitter<'k> {
 
     /// A fresh buffer of `shape` and MLIR element type `elem`, allocated once at the
     /// function entry.
-    fn alloc_elements(&mut self, shape: &[u64], elem: &str) -> View {
+    fn alloc_elements(&mut self, shape: &[u64], elem: &'static str) -> View {
         let ty = memref_type(shape, elem);
         let name = format!("%buf{}", self.next_buffer);
         self.next_buffer += 1;
@@ -490,6 +511,7 @@ impl<'k> Emitter<'k> {
         View {
             mem: name,
             mem_type: ty,
+            elem,
             shape: shape.to_vec(),
             offsets: vec![None; shape.len()],
             dims: (0..shape.len()).map(Some).collect(),
@@ -533,11 +555,12 @@ impl<'k> Emitter<'k> {
         for (i, r) in k.refs.iter().enumerate() {
             if r.kind == RefKind::Scratch {
                 let scratch = self.alloc(&r.ty.shape, r.ty.dtype);
-                self.ref_mems.push(scratch.mem);
+                self.ref_mems.push((scratch.mem, scratch.elem));
             } else {
-                let ty = memref_type(&self.padded[i], storage(r.ty.dtype));
+                let elem = ref_storage(r.ty.dtype);
+                let ty = memref_type(&self.padded[i], elem);
                 params.push(format!("%ref{i}: {ty}"));
-                self.ref_mems.push(format!("%ref{i}"));
+                self.ref_mems.push((format!("%ref{i}"), elem));
             }
         }
         params.push("%fault: memref<1xi32>".into());
@@ -616,7 +639,7 @@ impl<'k> Emitter<'k> {
                 let r = r.0 as usize;
                 let element = self.assign(&format!(
                     "memref.load {}[{}] : {}",
-                    self.ref_mems[r],
+                    self.ref_mems[r].0,
                     index.join(", "),
                     memref_type(&self.padded[r], "i32")
                 ));
@@ -789,9 +812,11 @@ impl<'k> Emitter<'k> {
                 dims.push(None);
             }
         }
+        let (mem, elem) = self.ref_mems[r].clone();
         View {
-            mem: self.ref_mems[r].clone(),
-            mem_type: memref_type(&self.padded[r], storage(decl.ty.dtype)),
+            mem,
+            mem_type: memref_type(&self.padded[r], elem),
+            elem,
             shape: self.padded[r].clone(),
             offsets,
             dims,
@@ -996,6 +1021,7 @@ impl<'k> Emitter<'k> {
         Val::View(View {
             mem,
             mem_type: ty_text,
+            elem: storage(ty.dtype),
             shape: ty.shape.clone(),
             offsets: vec![None; ty.rank()],
             dims: (0..ty.rank()).map(Some).collect(),
