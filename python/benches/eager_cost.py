@@ -105,6 +105,13 @@ def rows():
            fwd_bwd(lambda: ops.flash_attention(qg, kg, vg, is_causal=True), (qg, kg, vg), do),
            fwd_bwd(lambda: F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, enable_gqa=True),
                    (qg, kg, vg), do))
+    # bf16 tensors: the native kernels read and write their 2-byte storage in place.
+    xb = x512.bfloat16()
+    yield "softmax 512x2048, bf16", lambda: ops.softmax(xb), lambda: torch.softmax(xb, -1)
+    qb, kb, vb = (t.bfloat16() for t in (q, k, v))
+    yield ("flash_attention as above, bf16",
+           lambda: ops.flash_attention(qb, kb, vb, is_causal=True),
+           lambda: F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, enable_gqa=True))
 
 
 def print_table(doc, rows, repeats=15, width=44):

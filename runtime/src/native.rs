@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once, OnceLock};
 use std::time::Instant;
 
@@ -801,12 +802,25 @@ fn workers(module: &CpuModule) -> usize {
     pool::threads().min(module.parallel_programs.max(1) as usize)
 }
 
-/// The programs worker `w` of `workers` runs, as two `(first, step)` strides: programs are
-/// dealt out in a zigzag (`0 1 1 0 0 1 1 0 ...` for two workers), so a grid whose work
-/// grows with the program index (causal attention's query blocks) splits as evenly as a
-/// uniform one.
-fn zigzag(w: u64, workers: u64) -> [(u64, u64); 2] {
-    [(w, 2 * workers), (2 * workers - 1 - w, 2 * workers)]
+/// The next programs `lo..hi` of `programs` for a worker to run, taken from the shared
+/// counter `next`; `None` when all are taken. Workers take them in order, each as soon as
+/// it is free, in ranges of an eighth of what is left per worker (at least one): long
+/// ranges while much is left (few trips to the shared counter), single programs at the
+/// end, so programs of uneven cost (varlen attention's tiles, causal attention's rows of
+/// blocks) still finish together, and a worker that starts late or is preempted takes
+/// fewer.
+fn grab(next: &AtomicU64, programs: u64, workers: u64) -> Option<(u64, u64)> {
+    let mut lo = next.load(Ordering::Relaxed);
+    loop {
+        if lo >= programs {
+            return None;
+        }
+        let hi = lo + ((programs - lo) / (8 * workers)).max(1);
+        match next.compare_exchange_weak(lo, hi, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return Some((lo, hi)),
+            Err(now) => lo = now,
+        }
+    }
 }
 
 /// Runs the programs on all cores on caller storage (row-major, f32/i32/byte elements of
@@ -906,8 +920,10 @@ unsafe fn execute_raw(
     }
     push_descriptor(&mut words, fault.as_mut_ptr() as *mut c_void, &[1]);
     let args = Args(words);
-    let run_strided = |first: u64, step: u64| {
-        let mut indices = [first, module.parallel_programs, step];
+    let programs = module.parallel_programs;
+    // Runs programs `lo..hi` for each range `ranges` hands out, until it hands out none.
+    let run_ranges = |ranges: &mut dyn FnMut() -> Option<(u64, u64)>| {
+        let mut indices = [0u64, 0, 1];
         let mut ptrs: Vec<*mut c_void> = Vec::with_capacity(indices.len() + args.0.len() + 1);
         ptrs.extend(indices.iter_mut().map(|w| w as *mut u64 as *mut c_void));
         // The packed entry only reads through these pointers: the workers share the
@@ -917,20 +933,26 @@ unsafe fn execute_raw(
         if !module.debug_prints.is_empty() {
             ptrs.push(&mut context as *mut u64 as *mut c_void);
         }
-        // SAFETY: the arguments match the function's signature (three indices, one
-        // descriptor per memref of the padded shapes, the fault word, the print table's
-        // address when it prints), and the buffers are that large.
-        unsafe { (exe.entry)(ptrs.as_mut_ptr()) };
-    };
-    let run = |worker: usize| {
-        for (first, step) in zigzag(worker as u64, workers as u64) {
-            run_strided(first, step);
+        while let Some((lo, hi)) = ranges() {
+            // SAFETY: the first two pointers address `indices`, which outlives the loop;
+            // the arguments match the function's signature (three indices, one
+            // descriptor per memref of the padded shapes, the fault word, the print
+            // table's address when it prints), and the buffers are that large.
+            unsafe {
+                *ptrs[0].cast::<u64>() = lo;
+                *ptrs[1].cast::<u64>() = hi;
+                (exe.entry)(ptrs.as_mut_ptr())
+            };
         }
     };
     if workers == 1 {
-        run_strided(0, 1);
+        let mut all = Some((0, programs));
+        run_ranges(&mut || all.take());
     } else {
-        pool::run_shares(workers, &run);
+        let next = AtomicU64::new(0);
+        pool::run_shares(workers, &|_| {
+            run_ranges(&mut || grab(&next, programs, workers as u64));
+        });
     }
     for (i, user, small, big, small_len) in unpad {
         let dst = unsafe { std::slice::from_raw_parts_mut(user as *mut u8, small_len) };
@@ -952,7 +974,8 @@ unsafe fn execute_raw(
 
 #[cfg(test)]
 mod tests {
-    use super::{buffers, pad_rows, unpad_in_place, unpad_rows, zigzag};
+    use super::{buffers, grab, pad_rows, unpad_in_place, unpad_rows};
+    use std::sync::atomic::{AtomicU64, Ordering};
 
     /// A `[2, 3]` array padded to `[4, 5]` (every element of the padded copy written,
     /// whatever it held) and cut back, through a copy and in place; and padding along
@@ -1012,27 +1035,36 @@ mod tests {
     }
 
     #[test]
-    fn zigzag_deals_every_program_once_and_evens_out_a_ramp() {
+    fn workers_take_every_program_once_in_shrinking_ranges() {
         for workers in 1..=4u64 {
-            for programs in [1u64, 2, 7, 8, 33] {
-                let mut seen = vec![0; programs as usize];
-                let mut work = vec![0u64; workers as usize];
-                for w in 0..workers {
-                    for (first, step) in zigzag(w, workers) {
-                        for p in (first..programs).step_by(step as usize) {
-                            seen[p as usize] += 1;
-                            work[w as usize] += p + 1; // causal: program p sees p + 1 blocks
-                        }
+            for programs in [0u64, 1, 2, 7, 64, 1000] {
+                let next = AtomicU64::new(0);
+                let seen: Vec<AtomicU64> = (0..programs).map(|_| AtomicU64::new(0)).collect();
+                std::thread::scope(|s| {
+                    for _ in 0..workers {
+                        s.spawn(|| {
+                            while let Some((lo, hi)) = grab(&next, programs, workers) {
+                                assert!(lo < hi && hi <= programs, "{lo}..{hi} of {programs}");
+                                (lo..hi).for_each(|p| {
+                                    seen[p as usize].fetch_add(1, Ordering::Relaxed);
+                                });
+                            }
+                        });
                     }
-                }
+                });
                 assert!(
-                    seen.iter().all(|&n| n == 1),
-                    "{workers} workers, {programs}"
+                    seen.iter().all(|n| n.load(Ordering::Relaxed) == 1),
+                    "{workers} workers, {programs} programs"
                 );
-                if programs % (2 * workers) == 0 {
-                    assert!(work.iter().all(|&x| x == work[0]), "{work:?}");
-                }
             }
         }
+        // Ranges shrink (an eighth of what is left per worker) down to single programs.
+        let next = AtomicU64::new(0);
+        let ranges: Vec<_> = std::iter::from_fn(|| grab(&next, 100, 2)).collect();
+        assert_eq!(ranges[0], (0, 6));
+        assert!(ranges
+            .windows(2)
+            .all(|w| w[1].1 - w[1].0 <= w[0].1 - w[0].0));
+        assert!(ranges.iter().rev().take(15).all(|(lo, hi)| hi - lo == 1));
     }
 }
