@@ -12,6 +12,7 @@ use kernel_ir::{try_with_capacity, AllocError, Array, ArrayData, DType, TensorTy
 use kernels::{find, tuning, BoxError, Params};
 use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
+use runtime::native::NativeArray;
 use runtime::tune::TuneTarget;
 use runtime::Backend;
 
@@ -308,7 +309,7 @@ fn run_chain(
         Ok(derived) => derived,
         Err(e) => return Some(Err(e)),
     };
-    let derived_buffers: Vec<Buffer> = derived.iter().map(array_buffer).collect::<Option<_>>()?;
+    let derived_buffers: Vec<Buffer> = derived.iter().map(native_buffer).collect();
     // Every buffer and earlier output has the type its kernel takes, checked before any
     // kernel runs; each step's outputs are the op output they are, if any.
     let mut plans = Vec::with_capacity(chain.steps.len());
@@ -402,14 +403,15 @@ fn run_chain(
 }
 
 /// The arrays a chain derives on the host ([`kernels::LibraryKernel::derive`]) from copies
-/// of the inputs `reads` names. `None` when a read buffer's dtype has no array form (the
-/// caller falls back); `Some(Err)` when the op rejects what it reads or memory runs out.
+/// of the inputs `reads` names, in the kernels' layout. `None` when a read buffer's dtype
+/// has no array form (the caller falls back); `Some(Err)` when the op rejects what it
+/// reads or memory runs out.
 fn derive(
     prepared: &PreparedOp,
     reads: &[usize],
     inputs: &[Buffer],
     context: &dyn Fn() -> String,
-) -> Option<Result<Vec<Array>, OpError>> {
+) -> Option<Result<Vec<NativeArray>, OpError>> {
     if reads.is_empty() {
         return Some(Ok(Vec::new()));
     }
@@ -423,20 +425,27 @@ fn derive(
             Err(e) => return Some(Err(OpError::NoMemory(e.to_string()))),
         }
     }
+    let derived = match prepared.op.derive(&prepared.params, &read_arrays) {
+        Ok(derived) => derived,
+        Err(e) => return Some(Err(OpError::from_run(context(), &*e))),
+    };
     Some(
-        prepared
-            .op
-            .derive(&prepared.params, &read_arrays)
-            .map_err(|e| OpError::from_run(context(), &*e)),
+        derived
+            .iter()
+            .map(NativeArray::from_array)
+            .collect::<Result<_, _>>()
+            .map_err(|e| OpError::NoMemory(e.to_string())),
     )
 }
 
-/// An array's element storage as a buffer (valid while the array lives, unchanged);
-/// `None` for bf16/f16 arrays, whose f32 values are not the 2-byte elements kernels read.
-fn array_buffer(a: &Array) -> Option<Buffer> {
-    let addr = a.data().as_ptr() as usize;
-    let half = matches!(a.dtype(), DType::BF16 | DType::F16);
-    (!half).then(|| (addr, a.ty().shape.clone(), a.dtype().name().to_string()))
+/// An array's element storage as a buffer (valid while the array lives, unchanged).
+fn native_buffer(a: &NativeArray) -> Buffer {
+    let ty = a.ty();
+    (
+        a.as_ptr() as usize,
+        ty.shape.clone(),
+        ty.dtype.name().to_string(),
+    )
 }
 
 /// Whether the buffers have exactly these types.

@@ -436,6 +436,11 @@ def test_native_2_byte_ops_read_and_write_the_tensors_storage(capfd, monkeypatch
     for got, exp in zip(grads, torch.autograd.grad(want, (q2, k2, v2), torch.ones_like(want))):
         assert got.dtype == dtype
         close(got, exp.to(dtype), dtype)
+    # A chain with host-derived arrays (varlen's tile plan) over 2-byte q, k, v.
+    q, k, v, cu_q, cu_k = varlen_inputs([7, 1, 33], dtype=dtype)
+    want = varlen_reference(q.float(), k.float(), v.float(), cu_q, cu_k, True, 0.3)
+    close(ops.varlen_attention(q, k, v, cu_q, cu_k, True, 0.3), want.to(dtype), dtype)
+    assert "native @varlen_fwd: running in place" in capfd.readouterr().err
 
 
 @pytest.mark.parametrize("kv_heads,backward", [(2, "varlen_bwd_fused"), (1, "varlen_bwd_dkdv")])
