@@ -823,8 +823,8 @@ fn grab(next: &AtomicU64, programs: u64, workers: u64) -> Option<(u64, u64)> {
     }
 }
 
-/// Runs the programs on all cores on caller storage (row-major, f32/i32/byte elements of
-/// the kernel's I/O types), through padded copies where an array is not a whole number
+/// Runs the programs on all cores on caller storage (row-major, elements of the kernel's
+/// I/O types in the native layout: [`element_bytes`]), through padded copies where an array is not a whole number
 /// of blocks. A dynamic index that left its block is reported as an error (the access
 /// was redirected inside the block, so no memory outside the arrays was touched).
 /// `how` starts the debug line that says where it ran. With `outputs_padded` the outputs
