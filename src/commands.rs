@@ -445,9 +445,9 @@ fn time_kernel(
 }
 
 /// The median ms of `runs` calls of `k` on `inputs` on `used` (the backend that ran it),
-/// and whether they ran in place: native runs of f32 ops with a chain (or one kernel) run
-/// on the inputs' storage and reused outputs, as the torch ops do ([`InPlaceOp`]); the
-/// rest allocate their outputs per call.
+/// and whether they ran in place: native runs of ops with a chain (or one kernel) run on
+/// the inputs' storage and reused outputs, as the torch ops do ([`InPlaceOp`]); the rest
+/// allocate their outputs per call.
 fn time_op(
     k: &dyn LibraryKernel,
     p: &Params,

@@ -9,13 +9,15 @@ use runtime::Backend;
 /// An op's chain of kernels compiled for in-place runs on its inputs, which it holds in
 /// the native layout (bf16/f16 in 2 bytes, as tensors hold them), with each step's
 /// outputs allocated once. A call derives the op's host arrays (varlen's tile plan) from
-/// the inputs and runs the steps on their storage and the reused outputs.
+/// the inputs the chain reads and runs the steps on the inputs' storage and the reused
+/// outputs.
 pub(crate) struct InPlaceOp<'k> {
     op: &'k dyn LibraryKernel,
     params: Params,
     chain: Chain,
-    inputs: Vec<Array>,
-    native_inputs: Vec<NativeArray>,
+    /// The inputs [`Chain::reads`] names, in order (what `derive` takes).
+    read: Vec<Array>,
+    inputs: Vec<NativeArray>,
     steps: Vec<(Prepared, Vec<NativeArray>)>,
 }
 
@@ -59,7 +61,12 @@ impl<'k> InPlaceOp<'k> {
                 Some((prepared, outputs))
             })
             .collect::<Option<Vec<_>>>()?;
-        let native_inputs = inputs
+        let read = chain
+            .reads
+            .iter()
+            .map(|&i| inputs.get(i).cloned())
+            .collect::<Option<_>>()?;
+        let inputs = inputs
             .iter()
             .map(NativeArray::from_array)
             .collect::<Result<_, _>>()
@@ -68,8 +75,8 @@ impl<'k> InPlaceOp<'k> {
             op,
             params: params.clone(),
             chain,
-            inputs: inputs.to_vec(),
-            native_inputs,
+            read,
+            inputs,
             steps,
         };
         op.run().ok()?;
@@ -78,22 +85,9 @@ impl<'k> InPlaceOp<'k> {
 
     /// One call: the derived arrays, then each step in place.
     pub(crate) fn run(&mut self) -> Result<(), BoxError> {
-        let inputs = &self.inputs;
-        let input = |i: usize| {
-            inputs
-                .get(i)
-                .cloned()
-                .ok_or_else(|| format!("the chain reads input {i} of {}", inputs.len()))
-        };
-        let read = self
-            .chain
-            .reads
-            .iter()
-            .map(|&i| input(i))
-            .collect::<Result<Vec<_>, _>>()?;
         let derived = self
             .op
-            .derive(&self.params, &read)?
+            .derive(&self.params, &self.read)?
             .iter()
             .map(NativeArray::from_array)
             .collect::<Result<Vec<_>, _>>()?;
@@ -106,7 +100,7 @@ impl<'k> InPlaceOp<'k> {
                 .iter()
                 .map(|s| {
                     let output = |step: usize, index| done.get(step)?.1.get(index);
-                    s.resolve(&self.native_inputs, &derived, output)
+                    s.resolve(&self.inputs, &derived, output)
                         .cloned()
                         .ok_or_else(|| format!("the chain names {s:?}, which does not exist"))
                 })

@@ -108,7 +108,7 @@ fn types(buffers: &[Buffer], what: &str) -> Result<Vec<TensorType>, String> {
 
 /// A library op made ready for one parameter set and requested backend: the op with its
 /// (tuned) parameters, and each of its kernels compiled to run natively on the callers'
-/// f32/i32/bool storage (a kernel that fails to trace or compile leaves the op to run
+/// storage (a kernel that fails to trace or compile leaves the op to run
 /// through arrays, which reports why). Remembered ([`prepared`]), so a repeated call skips
 /// parsing, tracing, backend resolution and compilation lookups.
 struct PreparedOp {

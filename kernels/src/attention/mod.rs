@@ -595,17 +595,13 @@ impl Op for FlashAttentionBwd {
         });
         let grads_in = vec![q, k, v, d_o, lse, output(steps.len() - 1, 0)];
         let first = steps.len();
+        steps.push(Step {
+            kernel: 2,
+            inputs: grads_in.clone(),
+        });
         let outputs = if c.fuses_backward() {
-            steps.push(Step {
-                kernel: 2,
-                inputs: grads_in,
-            });
             (0..3).map(|i| output(first, i)).collect()
         } else {
-            steps.push(Step {
-                kernel: 2,
-                inputs: grads_in.clone(),
-            });
             steps.push(Step {
                 kernel: 3,
                 inputs: grads_in,
