@@ -23,12 +23,16 @@ JAX_STAMP := $(VENV)/.jax-0.10.2-libtpu-0.0.42.1
 # torch-mlir (graph mode imports FX graphs to StableHLO with it).
 TORCH := torch==2.13.0 maturin==1.16.0 pytest torch-mlir==20261001
 TORCH_STAMP := $(VENV)/.torch-2.13.0-torch-mlir-20261001
+# Optional test dependencies: the real models graph mode is tested on (Transformers,
+# timm), with torch pinned in the same call so their requirements cannot replace it.
+MODEL_LIBS := transformers==5.23.0 timm==1.0.31 torchvision==0.28.0 torch==2.13.0
+MODEL_LIBS_STAMP := $(VENV)/.transformers-5.23.0-timm-1.0.31
 
 .PHONY: demo test setup apt python build lint fmt-check clippy fuzz clean
 
 ## setup: install what the build and tests need (system packages; the venv with the
 ## PJRT plugin, jax/jaxlib/libtpu, torch, maturin and pytest).
-setup: apt $(PJRT_STAMP) $(JAX_STAMP) $(TORCH_STAMP) $(VENV)/torch
+setup: apt $(PJRT_STAMP) $(JAX_STAMP) $(TORCH_STAMP) $(MODEL_LIBS_STAMP) $(VENV)/torch
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust (rustup)"; exit 1; }
 
 apt:
@@ -52,6 +56,10 @@ $(JAX_STAMP): $(VENV)/bin/python
 
 $(TORCH_STAMP): $(VENV)/bin/python
 	$(PIP) install -q $(TORCH)
+	touch $@
+
+$(MODEL_LIBS_STAMP): $(TORCH_STAMP)
+	$(PIP) install -q $(MODEL_LIBS)
 	touch $@
 
 # tch links this PyTorch's libtorch through .venv/torch (LIBTORCH in .cargo/config.toml).

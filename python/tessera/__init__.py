@@ -15,6 +15,7 @@ backward kernel, the others through PyTorch's math).
 import contextlib
 import math
 import os
+import sys
 import warnings
 from typing import Optional
 
@@ -591,3 +592,13 @@ def _register_backend():
 
 
 _register_backend()
+
+# ---- Hugging Face Transformers: attn_implementation="tessera" -------------------------
+
+from . import hf  # noqa: E402
+
+if "transformers" in sys.modules:  # importing it here would cost seconds
+    try:
+        hf.register()
+    except ImportError as _e:  # a Transformers without AttentionInterface
+        warnings.warn(f"tessera: attn_implementation='tessera' is not registered: {_e}")

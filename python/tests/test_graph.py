@@ -170,6 +170,8 @@ class Attention(nn.Module):
         self.form, self.n = form, heads // kv_heads
         self.register_buffer("tril", torch.tril(torch.ones(seq, seq, dtype=torch.bool)))
         self.register_buffer("band", torch.ones(seq, seq, dtype=torch.bool).tril().triu(-2))
+        i = torch.arange(seq)
+        self.register_buffer("checker", (i[:, None] + i[None, :]) % 2 == 0)
 
     def forward(self, q, k, v):
         sq = q.shape[2]
@@ -191,15 +193,21 @@ class Attention(nn.Module):
         if f == "additive_mask":
             mask = torch.full((sq, sq), float("-inf")).triu(1)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-        if f == "band_mask":  # not causal: must stay plain StableHLO
+        if f == "band_mask":  # causal with a sliding window of 2
             return F.scaled_dot_product_attention(q, k, v, attn_mask=self.band[:sq, :sq], enable_gqa=True)
+        if f == "batch_band_mask":  # the same band, expanded over the batch as Transformers does
+            mask = self.band[None, None, :sq, :sq].expand(q.shape[0], 1, sq, sq)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        if f == "checker_mask":  # neither causal nor a window: must stay plain StableHLO
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=self.checker[:sq, :sq], enable_gqa=True)
         if f == "input_mask":  # depends on an input: must stay plain StableHLO
             return F.scaled_dot_product_attention(q, k, v, attn_mask=q[0, 0] @ k[0, 0].T > 0, enable_gqa=True)
         raise ValueError(f)
 
 
 @pytest.mark.parametrize("form", ["is_causal", "scale", "repeat_interleave", "expand_reshape",
-                                  "bool_mask_buffer", "additive_mask", "band_mask", "input_mask"])
+                                  "bool_mask_buffer", "additive_mask", "band_mask", "batch_band_mask",
+                                  "checker_mask", "input_mask"])
 def test_attention_forms(form):
     torch.manual_seed(0)
     q, k, v = torch.randn(2, 4, 16, 8), torch.randn(2, 2, 16, 8), torch.randn(2, 2, 16, 8)
@@ -209,7 +217,7 @@ def test_attention_forms(form):
         got = compiled(model)(q, k, v)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     stats = tessera.graph_stats()
-    if form in ("band_mask", "input_mask"):
+    if form in ("checker_mask", "input_mask"):
         assert "flash_attention" not in stats["kernels"], stats
         assert "scaled_dot_product_attention" in stats["fallbacks"], stats
     else:

@@ -7,8 +7,9 @@ torch-mlir -> StableHLO with the Tessera ops as ``tessera_op`` custom calls (``l
 tensors (inputs aliased where PJRT allows, outputs copied once into tensors allocated
 here).
 
-A graph that cannot be lowered or compiled runs eagerly with a warning naming the op
-and the reason (``TESSERA_GRAPH_STRICT=1`` makes it an error). Static shapes only:
+The backend never raises on a graph it cannot take: whatever fails (substitution,
+AOTAutograd, lowering, compiling, a run) makes the graph run eagerly with one warning
+naming the cause (``TESSERA_GRAPH_STRICT=1`` makes it an error). Static shapes only:
 dynamic shapes run eagerly with a warning that says so.
 """
 
@@ -22,6 +23,7 @@ from typing import Dict, List
 
 import torch
 from torch._functorch.aot_autograd import make_boxed_func
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from .. import _tessera
 from ..trace import record_fallback
@@ -87,19 +89,28 @@ def _dump(name: str, text: str) -> None:
 
 class _Runner:
     """Calls a compiled graph: tensors in, tensors out (``None`` where the graph returns
-    ``None``, as backward graphs do for inputs without gradients)."""
+    ``None``, as backward graphs do for inputs without gradients). If a run fails, the
+    graph runs eagerly from then on (with one warning naming the cause)."""
 
-    def __init__(self, exe, elements: List[str], outputs: List, constants: List[torch.Tensor]):
+    def __init__(self, exe, elements: List[str], outputs: List, constants: List[torch.Tensor], eager, name: str):
         self.exe = exe
         self.elements = elements  # element name of each input (arguments, then constants)
         self.outputs = outputs  # per graph output: (shape, dtype, element) or None
         self.constants = [c.contiguous() for c in constants]
+        self.eager, self.name, self.failed = eager, name, False
 
     def __call__(self, *args):
+        if self.failed:
+            return self.eager(list(args))
         inputs = [a.contiguous() for a in args] + self.constants
         results = [None if o is None else torch.empty(o[0], dtype=o[1]) for o in self.outputs]
-        self.exe.run([(t.data_ptr(), list(t.shape), e) for t, e in zip(inputs, self.elements)],
-                     [(t.data_ptr(), list(t.shape), o[2]) for t, o in zip(results, self.outputs) if o is not None])
+        try:
+            self.exe.run([(t.data_ptr(), list(t.shape), e) for t, e in zip(inputs, self.elements)],
+                         [(t.data_ptr(), list(t.shape), o[2]) for t, o in zip(results, self.outputs) if o is not None])
+        except (RuntimeError, ValueError) as e:
+            self.failed = True
+            _fallback(self.name, f"running the compiled graph failed: {_cause(e)}")
+            return self.eager(list(args))
         return results
 
 
@@ -138,19 +149,38 @@ def _prepare(gm: torch.fx.GraphModule):
     return elements, specs
 
 
+def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of ``gm``'s graph over the same parameters and constants (no tensor is
+    copied, so it is safe under AOTAutograd's fake mode, where copying a real constant
+    raises)."""
+    return torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
+
+
+def _cause(e: BaseException) -> str:
+    """One line naming an unexpected failure: its type and first message line."""
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
+
+
 def _compile(gm: torch.fx.GraphModule, example_inputs, *, name: str):
     """AOTAutograd's forward/backward compiler: lowers, compiles (or loads) and returns
-    a boxed runner; an eager boxed function of the graph if that fails."""
-    eager = make_boxed_func(copy.deepcopy(gm).forward)
+    a boxed runner; ``gm`` itself, run eagerly, if anything fails. ``gm`` is never
+    modified: the lowering works on a copy."""
+    eager = make_boxed_func(gm.forward)
     t0 = time.perf_counter()
     try:
-        constants = lower.lift_constants(gm)
-        elements, specs = _prepare(gm)
-        text, kernels = lower.to_stablehlo(gm)
-        t1 = time.perf_counter()
-        exe, source, compile_ms = _tessera.graph_compile(text)
-    except (LoweringError, RuntimeError) as e:
+        with unset_fake_temporarily():
+            work = _copy(gm)
+            constants = lower.lift_constants(work)
+            elements, specs = _prepare(work)
+            text, kernels = lower.to_stablehlo(work)
+            t1 = time.perf_counter()
+            exe, source, compile_ms = _tessera.graph_compile(text)
+    except LoweringError as e:
         _fallback(name, str(e))
+        return eager
+    except Exception as e:  # noqa: BLE001 - a backend must not raise on a graph it cannot take
+        _fallback(name, _cause(e))
         return eager
     _stats["graphs"] += 1
     if source in ("memory", "disk"):
@@ -164,8 +194,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs, *, name: str):
     _debug(summary)
     _dump(f"{name}.stablehlo.mlir", text)
     _dump(f"{name}.summary.txt", summary + "\n")
-    runner = _Runner(exe, elements, specs, constants)
-    return make_boxed_func(runner)
+    return make_boxed_func(_Runner(exe, elements, specs, constants, eager, name))
 
 
 # ---- the backend ----------------------------------------------------------------------
@@ -181,7 +210,9 @@ def _buffer_values(gm: torch.fx.GraphModule, example_inputs):
 
 
 def _constant_evaluator(gm: torch.fx.GraphModule, example_inputs):
-    """``evaluate(node)``: the node's value if it depends only on buffers and constants."""
+    """``evaluate(node)``: the node's value if it depends only on buffers and constants
+    (whatever the structure of its arguments: tuples, lists and slices of nodes, as
+    Transformers indexes its masks), else None."""
     known = _buffer_values(gm, example_inputs)
 
     def evaluate(node):
@@ -189,24 +220,47 @@ def _constant_evaluator(gm: torch.fx.GraphModule, example_inputs):
             return node
         if node in known:
             return known[node]
-        if node.op not in ("call_function", "call_method"):
+        if node.op == "get_attr":
+            value = getattr(gm, node.target, None)
+            known[node] = value if isinstance(value, torch.Tensor) else None
+            return known[node]
+        if node.op not in ("call_function", "call_method") or _random_or_in_place(node):
             return None
-        args = [evaluate(a) if isinstance(a, torch.fx.Node) else a for a in node.args]
-        kwargs = {k: evaluate(v) if isinstance(v, torch.fx.Node) else v for k, v in node.kwargs.items()}
-        if any(isinstance(a, torch.fx.Node) and v is None for a, v in zip(node.args, args)):
-            return None
-        try:
-            with torch.no_grad():
-                if node.op == "call_method":
-                    value = getattr(args[0], node.target)(*args[1:], **kwargs)
-                else:
-                    value = node.target(*args, **kwargs)
-        except Exception:
-            return None
+        unknown = []
+
+        def value_of(n):
+            v = evaluate(n)
+            if v is None:
+                unknown.append(n)
+            return v
+
+        args = torch.fx.node.map_arg(node.args, value_of)
+        kwargs = torch.fx.node.map_arg(node.kwargs, value_of)
+        value = None
+        if not unknown:
+            try:
+                with torch.no_grad():
+                    if node.op == "call_method":
+                        value = getattr(args[0], node.target)(*args[1:], **kwargs)
+                    else:
+                        value = node.target(*args, **kwargs)
+            except Exception:  # noqa: BLE001 - not evaluable here: not a constant
+                value = None
         known[node] = value
         return value
 
     return evaluate
+
+
+_RANDOM = {"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "randperm", "bernoulli",
+           "multinomial", "normal", "dropout", "uniform_", "normal_"}
+
+
+def _random_or_in_place(node: torch.fx.Node) -> bool:
+    """Whether ``node`` draws random numbers or writes in place (never a constant)."""
+    if node.op == "call_method":
+        return node.target in _RANDOM or node.target.endswith("_")
+    return getattr(node.target, "__name__", "") in _RANDOM
 
 
 def _dynamic(example_inputs) -> bool:
@@ -219,14 +273,29 @@ def _dynamic(example_inputs) -> bool:
 
 
 def tessera_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
-    """The ``torch.compile`` backend ``"tessera"``."""
-    from torch._dynamo.backends.common import aot_autograd
-
+    """The ``torch.compile`` backend ``"tessera"``. It never raises on a graph it cannot
+    take (unless ``TESSERA_GRAPH_STRICT=1``): the graph then runs eagerly, with one
+    warning naming the cause."""
     graph_id = next(_graph_ids)
     if _dynamic(example_inputs):
         _fallback(f"graph g{graph_id}", "dynamic shapes are not supported (graph mode compiles static "
                   "shapes; use torch.compile(dynamic=False) to compile each shape)")
         return gm.forward
+    original = _copy(gm)
+    try:
+        return _substitute_and_compile(gm, example_inputs, graph_id)
+    except GraphModeError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a backend must not raise on a graph it cannot take
+        _fallback(f"graph g{graph_id}", _cause(e))
+        return original.forward
+
+
+def _substitute_and_compile(gm: torch.fx.GraphModule, example_inputs, graph_id: int):
+    """Substitutes Tessera's kernels into ``gm`` and hands it to AOTAutograd with
+    :func:`_compile` as the forward and backward compilers."""
+    from torch._dynamo.backends.common import aot_autograd
+
     _dump(f"g{graph_id}.fx_before.py", gm.code)
     report = patterns.substitute(gm, _constant_evaluator(gm, example_inputs))
     _dump(f"g{graph_id}.fx_after.py", gm.code)

@@ -1,6 +1,9 @@
 """The ATen decompositions AOTAutograd applies before torch-mlir imports a graph: core
 ATen, plus the ops torch-mlir cannot legalize to StableHLO that have an exact
-decomposition (batch norm variants, ``EmbeddingBag`` with sum pooling)."""
+decomposition (batch norm variants, ``squeeze.dims``, ``as_strided`` that only
+re-strides size-1 dims, ``EmbeddingBag`` with sum pooling)."""
+
+import math
 
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
@@ -23,6 +26,27 @@ def _embedding_bag_sum(weight, indices, offsets, scale_grad_by_freq=False, mode=
     return out, bag_of, offsets.new_zeros((bags,)), empty
 
 
+def _squeeze_dims(x, dims):
+    """``aten.squeeze.dims`` (torch-mlir leaves it unlowered) as a view to the squeezed
+    shape."""
+    rank = max(x.dim(), 1)
+    dims = {d % rank for d in dims}
+    return x.view([s for i, s in enumerate(x.shape) if not (i in dims and s == 1)])
+
+
+def _as_strided_view(x, size, stride, storage_offset=None):
+    """``as_strided`` that only re-strides a contiguous tensor's size-1 dims (a
+    channels-last ``mean(keepdim=True)``, say) as a view; torch-mlir lowers the general
+    op to a gather. Others are declined."""
+    contiguous = [1] * len(size)
+    for i in range(len(size) - 2, -1, -1):
+        contiguous[i] = contiguous[i + 1] * size[i + 1]
+    if storage_offset not in (None, 0) or not x.is_contiguous() or x.numel() != math.prod(size) or any(
+            n != 1 and s != c for n, s, c in zip(size, stride, contiguous)):
+        return NotImplemented
+    return x.view(size)
+
+
 def table():
     """core ATen + the extra decompositions above."""
     d = dict(core_aten_decompositions())
@@ -30,6 +54,8 @@ def table():
         aten._native_batch_norm_legit_no_training, aten._native_batch_norm_legit,
         aten.native_batch_norm,
     ]))
+    d[aten.squeeze.dims] = _squeeze_dims
+    d[aten.as_strided.default] = _as_strided_view
     d[aten._embedding_bag.default] = _embedding_bag_sum
     d[aten._embedding_bag_forward_only.default] = _embedding_bag_sum
     return d

@@ -13,6 +13,7 @@ for them until the torch backend form, then the casts are renamed in the printed
 module and the StableHLO pipeline runs in ``torch-mlir-opt``.
 """
 
+import collections
 import os
 import re
 import subprocess
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 import torch
+from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
 from .. import _attention_params, _DTYPES, _tessera, library
 
@@ -178,6 +180,7 @@ def lift_constants(gm: torch.fx.GraphModule) -> List[torch.Tensor]:
             with gm.graph.inserting_after(last):
                 p = gm.graph.placeholder(f"_const_{len(constants)}")
         p.meta["val"] = value
+        p.meta["tensor_meta"] = _extract_tensor_metadata(value)  # what torch-mlir reads
         n.replace_all_uses_with(p)
         gm.graph.erase_node(n)
         last = p
@@ -253,8 +256,10 @@ def _replace_operators(module, calls: List[KernelCall], target: str):
 
     ops = [o for o in _walk(module.operation, []) if o.operation.name == "torch.operator"]
     if len(ops) != len(calls):
-        names = [ir.StringAttr(o.operation.attributes["name"]).value for o in ops]
-        raise LoweringError(f"torch-mlir could not import these ops: {', '.join(names)}")
+        kernels = {"tessera"} | library.namespaces()
+        names = collections.Counter(ir.StringAttr(o.operation.attributes["name"]).value for o in ops)
+        failed = [f"{n} (x{c})" if c > 1 else n for n, c in names.items() if n.split(".")[1] not in kernels]
+        raise LoweringError(f"torch-mlir could not import these ops: {', '.join(failed)}")
     for o, call in zip(ops, calls):
         name = ir.StringAttr(o.operation.attributes["name"]).value
         if name.split(".")[1] not in {"tessera"} | library.namespaces():
@@ -353,6 +358,7 @@ def to_stablehlo(gm: torch.fx.GraphModule, target: str = "cpu", mesh: int = 1) -
         raise
     except Exception as e:  # torch-mlir reports unsupported ops as exceptions of its own
         raise LoweringError(_first_line_of_interest("\n".join(diagnostics) + "\n" + str(e))) from None
+    text = _inline_resources(text)
     if "dense_resource" in text:
         raise LoweringError("the graph embeds a tensor constant XLA cannot take (dense_resource)")
     text = _stable_constants(text)
@@ -470,6 +476,30 @@ def shard_calls(text: str, calls: List[KernelCall], mesh: int) -> str:
 def _escape(config: str) -> str:
     """A JSON config as an MLIR string attribute's contents."""
     return config.replace("\\", "\\\\").replace('"', '\\"')
+
+
+_RESOURCE = re.compile(r'^\s*([\w.]+): "0x([0-9A-Fa-f]{8})([0-9A-Fa-f]*)",?$', re.M)
+
+
+def _inline_resources(text: str) -> str:
+    """Constants torch-mlir makes on its own (the index tensors of a gather, say) come
+    out as ``dense_resource`` blobs, which XLA rejects: each is written inline as a
+    ``dense<"0x...">`` hex literal (the blob less its 4-byte alignment header). Boolean
+    blobs (packed differently) are left for the caller to refuse."""
+    start = text.find("{-#")
+    if start < 0:
+        return text
+    blobs = {m.group(1): m.group(3) for m in _RESOURCE.finditer(text[start:])}
+    body = text[:start]
+
+    def inline(m):
+        name, element = m.group(1), m.group(2)
+        if name not in blobs or element.endswith("xi1"):
+            return m.group(0)
+        return f'dense<"0x{blobs[name]}"> : tensor<{element}>'
+
+    body = re.sub(r"dense_resource<([\w.]+)> : tensor<([^>]*)>", inline, body)
+    return body if "dense_resource" not in body else text
 
 
 def _stable_constants(text: str) -> str:

@@ -7,15 +7,17 @@ pass records what it substituted and, for a pattern it recognised but could not 
 (a mask that is not causal, an unsupported dtype), the reason.
 
 Patterns:
-- scaled-dot-product attention: ``is_causal``; a constant lower-triangular boolean or
-  additive mask (folded into ``is_causal``, as the reference backend does: the mask
-  must come from constants or buffers, which are assumed not to change); ``scale``;
-  GQA through ``enable_gqa``, ``repeat_interleave(n, dim=1)`` or the ``repeat_kv``
-  ``[:, :, None].expand(..).reshape(..)`` of k/v.
+- scaled-dot-product attention: ``is_causal``; a constant mask (from constants and
+  buffers, which are assumed not to change; boolean or additive; the same for every
+  batch entry and head) that is causal, sliding-window or all-visible, folded into
+  ``is_causal`` and ``window``; ``scale``; GQA through ``enable_gqa``,
+  ``repeat_interleave(n, dim=1)`` or the ``repeat_kv`` ``[:, :, None].expand(..)
+  .reshape(..)`` of k/v. Also attention written out (Transformers' eager form, with
+  Gemma 2's soft-capping).
 - RMSNorm: ``torch.rms_norm``/``F.rms_norm``/``nn.RMSNorm`` and the hand-written
-  ``x * rsqrt(mean(x^2, -1, keepdim) + eps) * w``.
-- ``layer_norm`` over the last dim with weight and bias; ``softmax`` over the last dim;
-  ``silu(a) * b``.
+  ``w * (x * rsqrt(mean(x^2, -1, keepdim) + eps))`` with the casts libraries add.
+- ``layer_norm`` over the last dim with weight and bias; ``softmax`` over the last dim
+  (with its ``dtype``); ``silu(a) * b``.
 """
 
 import operator
@@ -133,20 +135,44 @@ def _unrepeated_kv(n):
     return src
 
 
-def _causal_mask(mask, sq: int, sk: int, constants: Callable) -> Optional[str]:
-    """None when ``mask`` is the causal mask for ``sq x sk``; else why not."""
+def _visible(sq: int, sk: int, causal: bool, window: Optional[int]) -> torch.Tensor:
+    """The ``[sq, sk]`` scores the attention kernel keeps: top-left causal (``j <= i``),
+    and with a window ``w`` no key before ``i - w``."""
+    i, j = torch.arange(sq)[:, None], torch.arange(sk)[None, :]
+    keep = torch.ones(sq, sk, dtype=torch.bool)
+    if causal:
+        keep &= j <= i
+    if window is not None:
+        keep &= j + window >= i
+    return keep
+
+
+def _mask_options(mask, sq: int, sk: int, constants: Callable):
+    """``(is_causal, window)`` of the kernel call that hides exactly what the constant
+    ``mask`` hides (causal, sliding-window or all-visible; boolean or additive; the same
+    for every batch entry and head), or a string saying why there is none."""
     value = constants(mask)
-    if value is None:
-        return "attn_mask depends on the inputs (only constant causal masks are folded)"
-    if value.dim() < 2 or tuple(value.shape[-2:]) != (sq, sk) or any(d != 1 for d in value.shape[:-2]):
-        return f"attn_mask of shape {tuple(value.shape)} is not a [{sq}, {sk}] mask"
-    m = value.reshape(sq, sk)
-    tril = torch.ones(sq, sk, dtype=torch.bool).tril()
-    if m.dtype == torch.bool:
-        ok = torch.equal(m, tril)
+    if not isinstance(value, torch.Tensor):
+        return "attn_mask depends on the inputs (only constant causal and sliding-window masks are folded)"
+    if value.dim() < 2 or tuple(value.shape[-2:]) != (sq, sk):
+        return f"attn_mask of shape {tuple(value.shape)} is not a [..., {sq}, {sk}] mask"
+    if value.dtype == torch.bool:
+        keep = value
+    elif not bool(((value == 0) | (value <= -1e4)).all()):
+        return "attn_mask is an additive bias (values other than 0 and -inf)"
     else:
-        ok = bool((m[tril] == 0).all()) and bool((m[~tril] <= -1e4).all())
-    return None if ok else "attn_mask is not lower-triangular (causal)"
+        keep = value == 0
+    keep = keep.reshape(-1, sq, sk)
+    if not bool((keep == keep[:1]).all()):
+        return "attn_mask differs between batch entries or heads (a padding mask)"
+    keep = keep[0]
+    causal = not bool(keep.triu(1).any())
+    i, j = torch.arange(sq)[:, None], torch.arange(sk)[None, :]
+    reach = int((i - j).masked_fill(~keep, 0).max().clamp(min=0)) if bool(keep.any()) else 0
+    for window in (None, reach):
+        if torch.equal(_visible(sq, sk, causal, window), keep):
+            return causal, window
+    return "attn_mask is not causal, sliding-window or all-visible"
 
 
 def sdpa_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -166,7 +192,9 @@ def sdpa_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
             scores = scores.masked_fill(~attn_mask, float("-inf"))
         else:
             scores = scores + attn_mask
-    p = torch.softmax(scores, -1)
+    # A row with every key masked gives 0 (as PyTorch's fused CPU kernel does), not NaN.
+    dead = scores.amax(-1, keepdim=True) == float("-inf")
+    p = torch.softmax(scores.masked_fill(dead, 0.0), -1).masked_fill(dead, 0.0)
     if dropout_p:
         p = F.dropout(p, dropout_p, training=True)
     return p @ value
@@ -198,12 +226,16 @@ def _attention(graph, report, constants):
             why = "k/v shapes differ, head dim above 256, or kv heads do not divide q heads"
         elif isinstance(scale, torch.fx.Node) or isinstance(is_causal, torch.fx.Node):
             why = "scale or is_causal is not a constant"
-        elif mask is not None:
+        window = None
+        if why is None and mask is not None:
             if is_causal:
                 why = "both attn_mask and is_causal"
             else:
-                why = _causal_mask(mask, qv.shape[2], kv.shape[2], constants)
-                is_causal = why is None
+                options = _mask_options(mask, qv.shape[2], kv.shape[2], constants)
+                if isinstance(options, str):
+                    why = options
+                else:
+                    is_causal, window = options
         if why:
             report.miss("scaled_dot_product_attention", why)
             with graph.inserting_after(n):
@@ -212,7 +244,85 @@ def _attention(graph, report, constants):
             n.replace_all_uses_with(plain)
             graph.erase_node(n)
             continue
-        _replace(graph, n, torch.ops.tessera.flash_attention, (q, k, v, bool(is_causal), scale),
+        args = (q, k, v, bool(is_causal), scale) + (() if window is None else (window,))
+        _replace(graph, n, torch.ops.tessera.flash_attention, args, report, "flash_attention")
+
+
+_MATMUL = {torch.matmul, operator.matmul, torch.bmm}
+_DIV = {operator.truediv, torch.div, torch.Tensor.div}
+
+
+def _no_op_dropout(n):
+    """The input of a dropout that does nothing (``p=0`` or not training), else None."""
+    if not _is(n, {F.dropout}):
+        return None
+    if _arg(n, 1, "p", 0.5) == 0 or _arg(n, 2, "training", True) is False:
+        return n.args[0]
+    return None
+
+
+def _scaled_scores(s):
+    """``(q, k, scale, softcap)`` when ``s`` is ``(q @ k^T) * scale`` (or ``/ d``, or
+    unscaled), optionally soft-capped as Gemma 2 writes it (``tanh(s / c) * c``); else
+    None. ``scale`` None means PyTorch's default."""
+    softcap = None
+    if _is(s, _MUL, "mul") and len(s.args) == 2 and isinstance(s.args[1], (int, float)):
+        t = s.args[0]
+        if _is(t, {torch.tanh}, "tanh") and _is(t.args[0], _DIV, "div") and t.args[0].args[1] == s.args[1]:
+            softcap, s = float(s.args[1]), t.args[0].args[0]
+    scale = None
+    if _is(s, _MUL, "mul") and len(s.args) == 2 and isinstance(s.args[1], (int, float)):
+        scale, s = float(s.args[1]), s.args[0]
+    elif _is(s, _DIV, "div") and len(s.args) == 2 and isinstance(s.args[1], (int, float)):
+        scale, s = 1.0 / float(s.args[1]), s.args[0]
+    if not _is(s, _MATMUL, "matmul") or len(s.args) != 2:
+        return None
+    q, kt = s.args
+    if not _is(kt, {torch.transpose}, "transpose") or sorted(
+            d % 4 for d in kt.args[1:3] if isinstance(d, int)) != [2, 3]:
+        return None
+    return q, kt.args[0], scale, softcap
+
+
+def _eager_attention(graph, report, constants):
+    """Attention written out as Transformers' eager implementation does (Gemma 2's
+    default, for its soft-capping): ``softmax(q k^T * scale [capped] + mask, -1
+    [, dtype]) [.to(dtype)] [dropout p=0] @ v``."""
+    for out in list(graph.nodes):
+        if not _is(out, _MATMUL, "matmul") or len(out.args) != 2:
+            continue
+        p, v = out.args
+        while _no_op_dropout(p) is not None or _cast_of(p) is not None:
+            p = _no_op_dropout(p) if _no_op_dropout(p) is not None else _cast_of(p)
+        if not _is(p, _SOFTMAX, "softmax") or _arg(p, 1, "dim") not in (-1, 3):
+            continue
+        s, mask = p.args[0], None
+        if _is(s, _ADD, "add") and len(s.args) == 2 and _val(s.args[1]) is not None:
+            s, mask = s.args
+        found = _scaled_scores(s)
+        if found is None:
+            continue
+        q, k, scale, softcap = found
+        k, v = _unrepeated_kv(k) or k, _unrepeated_kv(v) or v
+        qv, kv, vv, ov = _val(q), _val(k), _val(v), _val(out)
+        why = None
+        if any(t is None for t in (qv, kv, vv, ov)) or qv.dim() != 4 or kv.dim() != 4 or vv.dim() != 4:
+            why = "q/k/v are not 4-D [batch, heads, seq, head_dim]"
+        elif qv.dtype not in (torch.float32, torch.bfloat16) or not (qv.dtype == kv.dtype == vv.dtype == ov.dtype):
+            why = f"dtypes {qv.dtype}/{kv.dtype}/{vv.dtype} -> {ov.dtype} (one of float32 or bfloat16)"
+        elif kv.shape != vv.shape or qv.shape[-1] > 256 or qv.shape[1] % kv.shape[1] or ov.shape != qv.shape:
+            why = "k/v shapes differ, head dim above 256, or kv heads do not divide q heads"
+        causal, window = False, None
+        if why is None and mask is not None:
+            options = _mask_options(mask, qv.shape[2], kv.shape[2], constants)
+            if isinstance(options, str):
+                why = options
+            else:
+                causal, window = options
+        if why:
+            report.miss("attention (eager form)", why)
+            continue
+        _replace(graph, out, torch.ops.tessera.flash_attention, (q, k, v, causal, scale, window, softcap),
                  report, "flash_attention")
 
 
@@ -256,17 +366,52 @@ def _rms_norm(graph, report):
     _hand_written_rms_norm(graph, report)
 
 
+_CASTS = {"to", "float", "type_as", "type", "bfloat16", "half"}
+
+
+def _cast_of(n) -> Optional[torch.fx.Node]:
+    """The node ``n`` casts (``x.to(dtype)``, ``x.float()``, ``x.type_as(y)``, ...; the
+    shape unchanged), or None."""
+    if not (isinstance(n, torch.fx.Node) and n.op == "call_method" and n.target in _CASTS):
+        return None
+    src = n.args[0]
+    sv, nv = _val(src), _val(n)
+    if sv is None or nv is None or sv.shape != nv.shape or sv.device != nv.device:
+        return None
+    return src
+
+
+def _uncast(n):
+    """``n`` with the casts applied to it peeled off."""
+    while _cast_of(n) is not None:
+        n = _cast_of(n)
+    return n
+
+
+def _only_user(n) -> Optional[torch.fx.Node]:
+    users = list(n.users)
+    return users[0] if len(users) == 1 else None
+
+
+def _other(n, operand):
+    """The other operand of the binary node ``n``."""
+    return n.args[1] if n.args[0] is operand else n.args[0]
+
+
 def _hand_written_rms_norm(graph, report):
-    """``x * rsqrt(mean(x^2, -1, keepdim=True) + eps) * w``."""
+    """``w * (x * rsqrt(mean(x^2, -1, keepdim=True) + eps))`` with the casts libraries
+    put around it (Transformers: ``x.to(float32)`` first, ``.to(input_dtype)`` before
+    the weight; Gemma: ``* (1 + w)``, then ``.type_as(x)``)."""
     for r in list(graph.nodes):
         if not _is(r, {torch.rsqrt}, "rsqrt"):
             continue
         add = r.args[0]
-        if not _is(add, _ADD, "add") or not isinstance(add.args[1], float):
+        if not _is(add, _ADD, "add") or len(add.args) != 2:
             continue
-        mean = add.args[0]
+        eps = next((a for a in add.args if isinstance(a, float)), None)
+        mean = _other(add, eps) if eps is not None else None
         if not _is(mean, {torch.mean}, "mean") or _arg(mean, 1, "dim") not in (-1, [-1], (-1,)) \
-                or not mean.kwargs.get("keepdim", False):
+                or not _arg(mean, 2, "keepdim", False):
             continue
         sq = mean.args[0]
         if _is(sq, {torch.pow}, "pow") and sq.args[1] == 2:
@@ -275,24 +420,32 @@ def _hand_written_rms_norm(graph, report):
             x = sq.args[0]
         else:
             continue
-        users = list(r.users)
-        if len(users) != 1 or not _is(users[0], _MUL, "mul") or x not in users[0].args:
+        normed = _only_user(r)
+        if normed is None or not _is(normed, _MUL, "mul") or x not in normed.args:
             continue
-        normed = users[0]
-        outer = list(normed.users)
-        if len(outer) != 1 or not _is(outer[0], _MUL, "mul"):
+        scaled = normed
+        while _only_user(scaled) is not None and _cast_of(_only_user(scaled)) is scaled:
+            scaled = _only_user(scaled)
+        final = _only_user(scaled)
+        if final is None or not _is(final, _MUL, "mul") or len(final.args) != 2:
             continue
-        final = outer[0]
-        w = final.args[1] if final.args[0] is normed else final.args[0]
-        why = _float_rows(x)
-        if why is None and (not _vector(w, _val(x).shape[-1]) or _val(w).dtype != _val(x).dtype):
-            why = "weight is not a [cols] vector of the input's dtype"
-        if why is None and _val(final).shape != _val(x).shape:
+        w = _other(final, scaled)
+        source = _uncast(x)
+        after = _only_user(final)
+        if after is not None and _cast_of(after) is final and _val(after).dtype == _val(source).dtype:
+            final = after  # Gemma casts the weighted result back
+        why = _float_rows(source)
+        if why is None and not _vector(w, _val(source).shape[-1]):
+            why = "weight is not a [cols] vector"
+        elif why is None and not (_val(w).dtype == _val(source).dtype == _val(final).dtype):
+            why = (f"weight dtype {_val(w).dtype}, input dtype {_val(source).dtype} and result dtype "
+                   f"{_val(final).dtype} differ")
+        elif why is None and _val(final).shape != _val(source).shape:
             why = "result shape differs from the input's"
         if why:
             report.miss("rms_norm (hand-written)", why)
             continue
-        _replace(graph, final, torch.ops.tessera.rms_norm, (x, w, add.args[1]), report, "rms_norm")
+        _replace(graph, final, torch.ops.tessera.rms_norm, (source, w, eps), report, "rms_norm")
 
 
 def _layer_norm(graph, report):
@@ -322,11 +475,17 @@ def _softmax(graph, report):
         why = _float_rows(x)
         if why is None and dim not in (-1, _val(x).dim() - 1):
             why = f"dim={dim} is not the last"
-        if why is None and _arg(n, 2, "dtype") is not None:
-            why = "dtype argument"
+        dtype = _arg(n, 2, "dtype")
+        if why is None and dtype is not None and dtype not in _FLOATS:
+            why = f"dtype={dtype}"
         if why:
             report.miss("softmax", why)
             continue
+        if dtype is not None and dtype != _val(x).dtype:  # softmax(x, dtype=d) is softmax(x.to(d))
+            with graph.inserting_before(n):
+                x = graph.call_method("to", (x, dtype))
+            x.meta["val"] = _val(n)
+            x.meta["example_value"] = _val(n)
         _replace(graph, n, torch.ops.tessera.softmax, (x,), report, "softmax")
 
 
@@ -355,6 +514,7 @@ def substitute(gm: torch.fx.GraphModule, constants: Callable) -> Report:
     report = Report()
     graph = gm.graph
     _attention(graph, report, constants)
+    _eager_attention(graph, report, constants)
     _rms_norm(graph, report)
     _layer_norm(graph, report)
     _softmax(graph, report)

@@ -1,0 +1,80 @@
+"""Tessera's attention as a Hugging Face Transformers attention implementation:
+``attn_implementation="tessera"``.
+
+    import transformers, tessera   # registers "tessera" when transformers is imported first
+    tessera.hf.register()           # or explicitly
+    model = transformers.LlamaForCausalLM(config, attn_implementation="tessera")
+
+Each attention call of the model runs ``torch.ops.tessera.flash_attention`` eagerly
+(and in graph mode): causal, sliding-window (from the mask Transformers builds), Gemma 2
+soft-capping and GQA. A call the kernel cannot take (a padding mask, dropout, another
+dtype or device) runs Transformers' SDPA implementation and is recorded as a fallback
+(``tessera.trace_ops()``).
+"""
+
+import torch
+
+from .trace import record_fallback
+
+NAME = "tessera"
+
+
+def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None,
+              softcap=None, is_causal=None, **kwargs):
+    """A Transformers attention function: q ``[batch, heads, q_len, head_dim]``, k/v
+    ``[batch, kv_heads, kv_len, head_dim]``, the 4-D boolean mask of Transformers' SDPA
+    implementation (or None); returns ``([batch, q_len, heads, head_dim], None)``."""
+    from .graph.patterns import _mask_options
+
+    sq, sk = query.shape[2], key.shape[2]
+    is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+    why, causal, window = None, bool(is_causal) and sq > 1 and attention_mask is None, None
+    if dropout and module.training:
+        why = "dropout"
+    elif any(t.device.type != "cpu" for t in (query, key, value)):
+        why = "not a CPU call"
+    elif query.dtype not in (torch.float32, torch.bfloat16) or not (query.dtype == key.dtype == value.dtype):
+        why = f"dtype {query.dtype} (float32 or bfloat16 only)"
+    elif query.shape[-1] > 256 or key.shape != value.shape or query.shape[1] % key.shape[1]:
+        why = "head dim above 256, key/value shapes differ, or kv heads do not divide q heads"
+    elif attention_mask is not None:
+        options = _mask_options(attention_mask, sq, sk, lambda mask: mask)
+        if isinstance(options, str):
+            why = options
+        else:
+            causal, window = options
+    if why is not None:
+        record_fallback("transformers attention", why)
+        if softcap is not None:  # Transformers' SDPA refuses soft-capping
+            return _capped_math(query, key, value, attention_mask, scaling, softcap,
+                                dropout if module.training else 0.0), None
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    out = torch.ops.tessera.flash_attention(query, key, value, causal, scaling, window, softcap)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _capped_math(query, key, value, mask, scaling, softcap, dropout):
+    """Soft-capped attention in plain ops (Transformers' eager form), ``[b, s, h, d]``."""
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    scores = query @ key.transpose(-2, -1) * (query.shape[-1] ** -0.5 if scaling is None else scaling)
+    scores = softcap * torch.tanh(scores / softcap)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    dead = scores.amax(-1, keepdim=True) == float("-inf")
+    p = torch.softmax(scores.masked_fill(dead, 0.0), -1, dtype=torch.float32).masked_fill(dead, 0.0)
+    p = torch.nn.functional.dropout(p.to(query.dtype), dropout, training=dropout > 0)
+    return (p @ value).transpose(1, 2).contiguous()
+
+
+def register() -> None:
+    """Registers ``attn_implementation="tessera"`` with Transformers (its attention
+    function, and SDPA's mask builder for its masks)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(NAME, attention)
+    AttentionMaskInterface.register(NAME, sdpa_mask)

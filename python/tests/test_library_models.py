@@ -1,0 +1,328 @@
+"""Graph mode on the models people run: Hugging Face Transformers and timm models built
+from small configs with random weights (nothing is downloaded), each through
+``torch.compile(model, backend="tessera")`` in its default call, against eager PyTorch
+(outputs, generated tokens, one training step's loss and gradients), with the kernels
+each must take; and the backend's promise never to raise on a graph it cannot take."""
+
+import copy
+import pathlib
+import warnings
+
+import pytest
+import timm
+import torch
+import transformers
+
+import tessera
+from tessera.graph import GraphModeError, lower, patterns
+
+VOCAB, LAYERS = 100, 2
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    torch._dynamo.reset()
+    tessera.reset_graph_stats()
+    yield
+    torch._dynamo.reset()
+
+
+def decoder_config(cls, **extra):
+    return cls(hidden_size=64, num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
+               intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=128, **extra)
+
+
+def causal_lm(name):
+    """A small causal LM of one of the families Transformers users run, random weights."""
+    torch.manual_seed(0)
+    if name == "gpt2":
+        cfg = transformers.GPT2Config(n_embd=64, n_layer=LAYERS, n_head=4, vocab_size=VOCAB, n_positions=128,
+                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                      bos_token_id=0, eos_token_id=0)
+        return transformers.GPT2LMHeadModel(cfg)
+    if name == "llama":
+        return transformers.LlamaForCausalLM(decoder_config(transformers.LlamaConfig))
+    if name == "qwen2":
+        return transformers.Qwen2ForCausalLM(decoder_config(transformers.Qwen2Config))
+    if name == "mistral":  # a sliding window shorter than the sequence
+        return transformers.MistralForCausalLM(decoder_config(transformers.MistralConfig, sliding_window=8))
+    if name == "gemma2":  # soft-capped attention (Transformers' eager form), local and global layers
+        return transformers.Gemma2ForCausalLM(decoder_config(
+            transformers.Gemma2Config, head_dim=16, sliding_window=8, attn_logit_softcapping=50.0,
+            final_logit_softcapping=30.0))
+    raise ValueError(name)
+
+
+# kernel -> calls per forward graph of a LAYERS-layer model
+DECODER_KERNELS = {
+    "gpt2": {"flash_attention": LAYERS, "layer_norm": 2 * LAYERS + 1},
+    "llama": {"flash_attention": LAYERS, "rms_norm": 2 * LAYERS + 1, "swiglu": LAYERS},
+    "qwen2": {"flash_attention": LAYERS, "rms_norm": 2 * LAYERS + 1, "swiglu": LAYERS},
+    "mistral": {"flash_attention": LAYERS, "rms_norm": 2 * LAYERS + 1, "swiglu": LAYERS},
+    "gemma2": {"flash_attention": LAYERS, "rms_norm": 4 * LAYERS + 1},
+}
+
+
+def ran_eagerly(stats):
+    """The graphs (not patterns) graph mode ran eagerly."""
+    return {k: v for k, v in stats["fallbacks"].items() if k.startswith(("g", "graph "))}
+
+
+def ids(batch=2, seq=16):
+    return torch.randint(0, VOCAB, (batch, seq), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("name", sorted(DECODER_KERNELS))
+def test_causal_lm_default_call_matches_eager_and_takes_the_kernels(name):
+    model = causal_lm(name).eval()
+    tokens = ids()
+    with torch.no_grad():
+        want = model(tokens).logits
+        got = torch.compile(model, backend="tessera")(tokens).logits
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    stats = tessera.graph_stats()
+    assert ran_eagerly(stats) == {} and stats["graphs"] == 1, stats
+    assert stats["kernels"] == DECODER_KERNELS[name], stats
+    assert stats["fallbacks"] == {}, stats
+
+
+def test_sliding_window_sets_the_kernels_window():
+    # Mistral's sliding_window=8 keeps 8 keys per query: the kernel's window is 7.
+    model = causal_lm("mistral").eval()
+    code = []
+
+    def capture(gm, example_inputs):
+        patterns.substitute(gm, tessera.graph._constant_evaluator(gm, example_inputs))
+        code.append(gm.code)
+        return gm.forward
+
+    with torch.no_grad():
+        torch.compile(model, backend=capture)(ids())
+    assert code[0].count("torch.ops.tessera.flash_attention(") == LAYERS, code[0]
+    assert code[0].count("True, 0.25, 7)") == LAYERS, code[0]
+
+
+# torch-mlir-opt runs out of memory importing this backward graph (Transformers' loss
+# with ignore_index and the embedding's index_put): it runs eagerly, said in graph_stats.
+EAGER_BACKWARD = {"llama"}
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_causal_lm_training_step_matches_eager(name):
+    model = causal_lm(name).train()
+    model.config.use_cache = False
+    twin = copy.deepcopy(model)
+    tokens = ids()
+    loss = torch.compile(model, backend="tessera")(tokens, labels=tokens).loss
+    loss.backward()
+    want = twin(tokens, labels=tokens).loss
+    want.backward()
+    torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-5)
+    for (pname, p), q in zip(model.named_parameters(), twin.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=pname)
+    stats = tessera.graph_stats()
+    assert stats["kernels"].get("flash_attention") == LAYERS, stats
+    eager = {k.rpartition(".")[2] for k in ran_eagerly(stats)}
+    assert eager == ({"backward"} if name in EAGER_BACKWARD else set()), stats
+
+
+def test_padded_batch_matches_eager_and_says_why_attention_is_not_taken():
+    # A padding mask depends on the input: the attention stays plain math (rows that
+    # see no key give 0, as PyTorch's kernel does, not NaN), and the reason is recorded.
+    model = causal_lm("llama").eval()
+    tokens, mask = ids(), torch.ones(2, 16, dtype=torch.long)
+    mask[1, :5] = 0
+    with torch.no_grad():
+        want = model(tokens, attention_mask=mask).logits
+        got = torch.compile(model, backend="tessera")(tokens, attention_mask=mask).logits
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    stats = tessera.graph_stats()
+    assert ran_eagerly(stats) == {}, stats
+    assert "depends on the inputs" in stats["fallbacks"]["scaled_dot_product_attention"], stats
+
+
+def test_generate_gives_eagers_tokens():
+    model = causal_lm("llama").eval()
+    prompt = ids(seq=8)
+    with torch.no_grad():
+        want = model.generate(prompt, max_new_tokens=3, do_sample=False)
+        model.forward = torch.compile(model.forward, backend="tessera")
+        got = model.generate(prompt, max_new_tokens=3, do_sample=False)
+    assert torch.equal(got, want)
+    stats = tessera.graph_stats()
+    assert stats["kernels"].get("flash_attention", 0) >= LAYERS, stats  # prefill and the first decode
+
+
+def test_bert_takes_attention_and_layer_norm():
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(hidden_size=64, num_hidden_layers=LAYERS, num_attention_heads=4,
+                                  intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=128)
+    model = transformers.BertModel(cfg).eval()
+    tokens = ids()
+    with torch.no_grad():
+        want = model(tokens).last_hidden_state
+        got = torch.compile(model, backend="tessera")(tokens).last_hidden_state
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    stats = tessera.graph_stats()
+    assert stats["kernels"] == {"flash_attention": LAYERS, "layer_norm": 2 * LAYERS + 1}, stats
+    assert stats["fallbacks"] == {}, stats
+
+
+TIMM = {
+    # name: (create_model arguments, kernels per forward)
+    "vit_tiny_patch16_224": ({"img_size": 32, "patch_size": 8, "depth": LAYERS},
+                             {"flash_attention": LAYERS, "layer_norm": 2 * LAYERS + 1}),
+    "convnext_atto": ({"depths": (1, 1, 1, 1)}, {"layer_norm": 9}),  # channels-last LayerNorm
+    "resnet18": ({}, {}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TIMM))
+def test_timm_model_matches_eager_with_no_eager_graph(name):
+    torch.manual_seed(0)
+    kwargs, kernels = TIMM[name]
+    model = timm.create_model(name, pretrained=False, num_classes=10, **kwargs).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        want = model(x)
+        got = torch.compile(model, backend="tessera")(x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    stats = tessera.graph_stats()
+    assert stats["graphs"] == 1 and stats["fallbacks"] == {}, stats
+    assert stats["kernels"] == kernels, stats
+
+
+# ---- never raise ------------------------------------------------------------------------
+
+
+def test_a_graph_with_a_tensor_constant_compiles_forward_and_backward():
+    # Transformers' caches put tensor constants in every graph; copying them under
+    # AOTAutograd's fake mode used to crash the backend.
+    def f(x):
+        return (x * torch.tensor([2.0, 3.0])).sin()
+
+    x = torch.randn(4, 2, requires_grad=True)
+    got = torch.compile(f, backend="tessera")(x)
+    (gx,) = torch.autograd.grad(got.sum(), x)
+    torch.testing.assert_close(got, f(x))
+    torch.testing.assert_close(gx, torch.autograd.grad(f(x).sum(), x)[0])
+    stats = tessera.graph_stats()
+    assert stats["graphs"] == 2 and stats["fallbacks"] == {}, stats
+
+
+def test_an_unexpected_failure_runs_the_graph_eagerly_with_one_warning(monkeypatch):
+    def broken(gm, constants):
+        x = next(iter(gm.graph.nodes))
+        with gm.graph.inserting_after(x):
+            gm.graph.call_function(torch.neg, (x,))  # leaves the graph half-changed
+        raise KeyError("a bug in a pass")
+
+    monkeypatch.setattr(patterns, "substitute", broken)
+    x = torch.randn(3, 5)
+    with pytest.warns(UserWarning, match="runs eagerly: KeyError: 'a bug in a pass'"):
+        got = torch.compile(lambda t: t.softmax(-1) * 2, backend="tessera")(x)
+    torch.testing.assert_close(got, x.softmax(-1) * 2)
+    monkeypatch.setenv("TESSERA_GRAPH_STRICT", "1")
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="a bug in a pass"):
+        torch.compile(lambda t: t.softmax(-1) * 3, backend="tessera")(x)
+
+
+def test_a_failing_compiled_run_falls_back_to_eager(monkeypatch):
+    f = torch.compile(lambda t: t.cos() + 1, backend="tessera")
+    x = torch.randn(6)
+    torch.testing.assert_close(f(x), x.cos() + 1)
+
+    class Broken:
+        def run(self, inputs, outputs):
+            raise RuntimeError("XLA: device lost")
+
+    runners = [r for r in _runners()]
+    assert runners, "no compiled runner found"
+    for r in runners:
+        r.exe = Broken()
+    with pytest.warns(UserWarning, match="running the compiled graph failed: RuntimeError: XLA: device lost"):
+        torch.testing.assert_close(f(x), x.cos() + 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(f(x), x.cos() + 1)  # eager from then on, no second warning
+
+
+def _runners():
+    import gc
+
+    return [o for o in gc.get_objects() if type(o).__name__ == "_Runner"]
+
+
+def test_torch_mlir_resource_constants_are_inlined():
+    text = ('%0 = stablehlo.constant dense_resource<blob_a> : tensor<2xi64>\n'
+            '%1 = stablehlo.constant dense_resource<flags> : tensor<2xi1>\n'
+            '{-#\n  dialect_resources: {\n    builtin: {\n'
+            '      blob_a: "0x0800000001000000000000000200000000000000",\n'
+            '      flags: "0x010000000101"\n    }\n  }\n#-}\n')
+    out = lower._inline_resources(text)
+    assert out == text  # a boolean blob stays: the caller refuses the module
+    out = lower._inline_resources(text.replace("tensor<2xi1>", "tensor<2xi8>"))
+    assert 'dense<"0x01000000000000000200000000000000"> : tensor<2xi64>' in out
+    assert "dense_resource" not in out and "{-#" not in out
+
+
+def test_squeeze_dims_and_restriding_views_import():
+    def f(x):
+        return torch.squeeze(x.mean((-1, -2), keepdim=True), (2, 3)) * 2
+
+    x = torch.randn(2, 8, 4, 4).to(memory_format=torch.channels_last)
+    torch.testing.assert_close(torch.compile(f, backend="tessera")(x), f(x))
+    assert tessera.graph_stats()["fallbacks"] == {}, tessera.graph_stats()
+
+
+def test_strict_mode_error_names_only_the_ops_that_failed(monkeypatch):
+    def f(x):
+        return torch.fft.rfft(torch.ops.tessera.softmax(x)).abs()
+
+    with pytest.warns(UserWarning) as record:
+        torch.compile(f, backend="tessera")(torch.randn(4, 8))
+    message = " ".join(str(w.message) for w in record)
+    assert "aten._fft_r2c" in message and "tessera.softmax" not in message, message
+
+
+def test_graph_mode_error_type_is_exported():
+    assert issubclass(GraphModeError, RuntimeError)
+
+
+# ---- attn_implementation="tessera" ------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral", "gemma2"])
+def test_transformers_attention_implementation_runs_the_kernel(name):
+    tessera.hf.register()
+    model = causal_lm(name).eval()
+    tokens, mask = ids(), torch.ones(2, 16, dtype=torch.long)
+    mask[1, :5] = 0
+    with torch.no_grad():
+        want, want_padded = model(tokens).logits, model(tokens, attention_mask=mask).logits
+        model.set_attn_implementation("tessera")
+        with tessera.trace_ops() as trace:
+            got = model(tokens).logits
+        with tessera.trace_ops() as padded:
+            got_padded = model(tokens, attention_mask=mask).logits
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert trace.tessera["tessera.flash_attention.default"] == LAYERS, trace
+    # A padding mask runs Transformers' math, said as a fallback; padded positions aside,
+    # the logits match.
+    torch.testing.assert_close(got_padded[0], want_padded[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got_padded[1, 5:], want_padded[1, 5:], rtol=1e-4, atol=1e-4)
+    assert ("transformers attention", "attn_mask differs between batch entries or heads (a padding mask)") \
+        in padded.fallbacks, padded
+
+
+def test_the_readmes_attention_implementation_snippet_runs():
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    blocks = [block.split("```")[0] for block in readme.split("```python")[1:]]
+    scope = {}
+    exec(next(b for b in blocks if "tessera.hf.register()" in b), scope)  # noqa: S102 - the README's snippet
+    model = scope["model"]
+    assert model.config._attn_implementation == "tessera"
+    with tessera.trace_ops() as trace, torch.no_grad():
+        model(ids())
+    assert trace.tessera["tessera.flash_attention.default"] == LAYERS, trace
