@@ -365,12 +365,40 @@ def test_strict_mode_makes_a_fallback_an_error(monkeypatch):
     assert GraphModeError.__name__ in str(info.value)  # Dynamo wraps backend errors
 
 
-def test_dynamic_shapes_are_refused_with_a_clear_message():
-    f = torch.compile(lambda x: torch.relu(x) * 2, backend="tessera", dynamic=True)
-    with pytest.warns(UserWarning, match="dynamic shapes are not supported"):
-        for n in (3, 5, 9):
+def test_dynamic_shapes_compile_each_shape_up_to_a_bound(monkeypatch):
+    monkeypatch.setenv("TESSERA_GRAPH_SHAPES", "2")
+
+    def f(x):
+        return torch.relu(x).softmax(-1) * 2
+
+    g = torch.compile(f, backend="tessera", dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for n in (3, 5, 3, 5):
             x = torch.randn(n, 4)
-            torch.testing.assert_close(f(x), torch.relu(x) * 2)
+            torch.testing.assert_close(g(x), f(x))
+    stats = tessera.graph_stats()
+    assert list(stats["shapes"].values()) == [2] and stats["kernels"] == {"softmax": 2}, stats
+    assert stats["fallbacks"] == {}, stats
+    x = torch.randn(9, 4)
+    with pytest.warns(UserWarning, match="more than 2 shapes"):
+        torch.testing.assert_close(g(x), f(x))
+
+
+def test_dynamic_shapes_train_like_eager():
+    model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8))
+    g = torch.compile(model, backend="tessera", dynamic=True)
+    for n in (3, 6):
+        x = torch.randn(n, 8)
+        g(x).square().sum().backward()
+        ours = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        model(x).square().sum().backward()
+        for a, p in zip(ours, model.parameters()):
+            torch.testing.assert_close(a, p.grad, rtol=1e-5, atol=1e-5)
+        model.zero_grad()
+    stats = tessera.graph_stats()
+    assert stats["kernels"].get("layer_norm") == 2 and stats["fallbacks"] == {}, stats
 
 
 def test_dump_and_debug_log(tmp_path, monkeypatch, capfd):

@@ -9,8 +9,8 @@ here).
 
 The backend never raises on a graph it cannot take: whatever fails (substitution,
 AOTAutograd, lowering, compiling, a run) makes the graph run eagerly with one warning
-naming the cause (``TESSERA_GRAPH_STRICT=1`` makes it an error). Static shapes only:
-dynamic shapes run eagerly with a warning that says so.
+naming the cause (``TESSERA_GRAPH_STRICT=1`` makes it an error). A graph with dynamic
+shapes is compiled for each shape it is called with, up to a bound.
 """
 
 import copy
@@ -23,7 +23,8 @@ from typing import Dict, List
 
 import torch
 from torch._functorch.aot_autograd import make_boxed_func
-from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from .. import _tessera
 from ..trace import record_fallback
@@ -38,7 +39,7 @@ class GraphModeError(RuntimeError):
 
 
 def _empty_stats() -> Dict:
-    return {"graphs": 0, "cache_hits": {"memory": 0, "disk": 0}, "kernels": {}, "fallbacks": {}}
+    return {"graphs": 0, "cache_hits": {"memory": 0, "disk": 0}, "kernels": {}, "fallbacks": {}, "shapes": {}}
 
 
 _stats = _empty_stats()
@@ -49,7 +50,8 @@ _warned = set()
 def graph_stats() -> Dict:
     """``graphs`` (executables compiled), ``cache_hits`` (``{"memory": n, "disk": n}``),
     ``kernels`` (``{kernel: custom calls in compiled graphs}``), ``fallbacks``
-    (``{op or pattern: reason}``)."""
+    (``{op or pattern: reason}``), ``shapes`` (``{graph: shapes compiled}`` for graphs
+    with dynamic shapes)."""
     return copy.deepcopy(_stats)
 
 
@@ -212,42 +214,41 @@ def _buffer_values(gm: torch.fx.GraphModule, example_inputs):
 def _constant_evaluator(gm: torch.fx.GraphModule, example_inputs):
     """``evaluate(node)``: the node's value if it depends only on buffers and constants
     (whatever the structure of its arguments: tuples, lists and slices of nodes, as
-    Transformers indexes its masks), else None."""
+    Transformers indexes its masks), else None. A node's ancestors are evaluated in
+    graph order, each once (no recursion, however deep the graph)."""
     known = _buffer_values(gm, example_inputs)
+    position = {n: i for i, n in enumerate(gm.graph.nodes)}
+
+    def one(node):
+        if node.op == "get_attr":
+            value = getattr(gm, node.target, None)
+            return value if isinstance(value, torch.Tensor) else None
+        if node.op not in ("call_function", "call_method") or _random_or_in_place(node):
+            return None
+        if any(known.get(n) is None for n in node.all_input_nodes):
+            return None
+        args = torch.fx.node.map_arg(node.args, known.get)
+        kwargs = torch.fx.node.map_arg(node.kwargs, known.get)
+        try:
+            with torch.no_grad():
+                if node.op == "call_method":
+                    return getattr(args[0], node.target)(*args[1:], **kwargs)
+                return node.target(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - not evaluable here: not a constant
+            return None
 
     def evaluate(node):
         if not isinstance(node, torch.fx.Node):
             return node
-        if node in known:
-            return known[node]
-        if node.op == "get_attr":
-            value = getattr(gm, node.target, None)
-            known[node] = value if isinstance(value, torch.Tensor) else None
-            return known[node]
-        if node.op not in ("call_function", "call_method") or _random_or_in_place(node):
-            return None
-        unknown = []
-
-        def value_of(n):
-            v = evaluate(n)
-            if v is None:
-                unknown.append(n)
-            return v
-
-        args = torch.fx.node.map_arg(node.args, value_of)
-        kwargs = torch.fx.node.map_arg(node.kwargs, value_of)
-        value = None
-        if not unknown:
-            try:
-                with torch.no_grad():
-                    if node.op == "call_method":
-                        value = getattr(args[0], node.target)(*args[1:], **kwargs)
-                    else:
-                        value = node.target(*args, **kwargs)
-            except Exception:  # noqa: BLE001 - not evaluable here: not a constant
-                value = None
-        known[node] = value
-        return value
+        todo, pending = [node], set()
+        while todo:
+            n = todo.pop()
+            if n not in known and n not in pending:
+                pending.add(n)
+                todo.extend(n.all_input_nodes)
+        for n in sorted(pending, key=position.__getitem__):
+            known[n] = one(n)
+        return known[node]
 
     return evaluate
 
@@ -275,39 +276,121 @@ def _dynamic(example_inputs) -> bool:
 def tessera_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     """The ``torch.compile`` backend ``"tessera"``. It never raises on a graph it cannot
     take (unless ``TESSERA_GRAPH_STRICT=1``): the graph then runs eagerly, with one
-    warning naming the cause."""
+    warning naming the cause. A graph Dynamo traced with dynamic shapes is compiled for
+    each shape it is called with (:class:`_PerShape`)."""
     graph_id = next(_graph_ids)
     if _dynamic(example_inputs):
-        _fallback(f"graph g{graph_id}", "dynamic shapes are not supported (graph mode compiles static "
-                  "shapes; use torch.compile(dynamic=False) to compile each shape)")
-        return gm.forward
-    original = _copy(gm)
+        return _PerShape(gm, f"g{graph_id}")
+    return _static(gm, example_inputs, f"g{graph_id}")
+
+
+def _static(gm: torch.fx.GraphModule, example_inputs, name: str):
+    """Compiles a graph of static shapes, or returns it to run eagerly if anything fails."""
+    original = gm
     try:
-        return _substitute_and_compile(gm, example_inputs, graph_id)
+        original = _copy(gm)
+        return _substitute_and_compile(gm, example_inputs, name)
     except GraphModeError:
         raise
     except Exception as e:  # noqa: BLE001 - a backend must not raise on a graph it cannot take
-        _fallback(f"graph g{graph_id}", _cause(e))
+        _fallback(f"graph {name}", _cause(e))
         return original.forward
 
 
-def _substitute_and_compile(gm: torch.fx.GraphModule, example_inputs, graph_id: int):
+def _max_shapes() -> int:
+    value = os.environ.get("TESSERA_GRAPH_SHAPES", "8")
+    try:
+        return max(int(value), 0)
+    except ValueError:
+        raise GraphModeError(f"TESSERA_GRAPH_SHAPES={value!r}: expected a count of shapes") from None
+
+
+class _PerShape:
+    """A graph with dynamic shapes (``dynamic=True``, ``mark_dynamic``, or Dynamo's
+    automatic dynamic after a recompile, as ``generate()``'s growing cache gets): each
+    call's concrete shapes get their own static graph (symbolic sizes and the scalars
+    Dynamo passes as 0-d tensors baked in, shapes propagated again, then substitution
+    and compilation as for any graph), at most ``TESSERA_GRAPH_SHAPES`` (8) per graph;
+    further shapes run eagerly, said once. ``graph_stats()["shapes"]`` counts the
+    shapes compiled per graph."""
+
+    def __init__(self, gm: torch.fx.GraphModule, name: str):
+        self.gm, self.name, self.compiled = gm, name, {}
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        # Inputs read only through .item() (floats Dynamo did not specialize): their
+        # values are part of the shape key and baked into the graph.
+        self.scalars = {i for i, n in enumerate(placeholders)
+                        if n.users and all(u.op == "call_method" and u.target == "item" for u in n.users)}
+
+    def __call__(self, *args):
+        key = (torch.is_grad_enabled(),) + tuple(
+            a.item() if i in self.scalars else
+            (tuple(a.shape), a.dtype, a.requires_grad) if isinstance(a, torch.Tensor) else a
+            for i, a in enumerate(args))
+        run = self.compiled.get(key)
+        if run is None:
+            if len(self.compiled) < _max_shapes():
+                run = self._specialize(args, f"{self.name}s{len(self.compiled)}")
+                _stats["shapes"][self.name] = len(self.compiled) + 1
+            else:
+                _fallback(f"graph {self.name}", f"more than {_max_shapes()} shapes (TESSERA_GRAPH_SHAPES): "
+                          "further shapes run eagerly")
+                run = self.gm.forward
+            self.compiled[key] = run
+        return run(*args)
+
+    def _specialize(self, args, name: str):
+        """The graph for these arguments: integer arguments (symbolic sizes) and the
+        scalars become constants and are dropped from the call."""
+        gm = _copy(self.gm)
+        keep = []
+        for i, (node, a) in enumerate(zip([n for n in gm.graph.nodes if n.op == "placeholder"], args)):
+            keep.append(isinstance(a, torch.Tensor) and i not in self.scalars)
+            if keep[-1]:
+                continue
+            if i in self.scalars:
+                for item in list(node.users):
+                    _bake(gm.graph, item, a.item())
+            _bake(gm.graph, node, a)
+        gm.recompile()
+        tensors = [a for a, k in zip(args, keep) if k]
+        try:
+            FakeTensorProp(gm, FakeTensorMode(allow_non_fake_inputs=True)).propagate(*tensors)
+        except Exception as e:  # noqa: BLE001 - the graph still runs eagerly
+            _fallback(f"graph {name}", f"propagating shapes failed: {_cause(e)}")
+            return self.gm.forward
+        for n in gm.graph.nodes:
+            if "val" in n.meta:
+                n.meta["example_value"] = n.meta["val"]
+        run = _static(gm, tensors, name)
+        return lambda *call: run(*[a for a, k in zip(call, keep) if k])
+
+
+def _bake(graph: torch.fx.Graph, node: torch.fx.Node, value) -> None:
+    """Replaces every use of ``node`` by the constant ``value`` and erases it."""
+    for user in list(node.users):
+        user.args = torch.fx.node.map_arg(user.args, lambda n: value if n is node else n)
+        user.kwargs = torch.fx.node.map_arg(user.kwargs, lambda n: value if n is node else n)
+    graph.erase_node(node)
+
+
+def _substitute_and_compile(gm: torch.fx.GraphModule, example_inputs, name: str):
     """Substitutes Tessera's kernels into ``gm`` and hands it to AOTAutograd with
     :func:`_compile` as the forward and backward compilers."""
     from torch._dynamo.backends.common import aot_autograd
 
-    _dump(f"g{graph_id}.fx_before.py", gm.code)
+    _dump(f"{name}.fx_before.py", gm.code)
     report = patterns.substitute(gm, _constant_evaluator(gm, example_inputs))
-    _dump(f"g{graph_id}.fx_after.py", gm.code)
+    _dump(f"{name}.fx_after.py", gm.code)
     _stats["fallbacks"].update(report.skipped)
     for what, reason in report.skipped.items():
         record_fallback(what, reason)
     shapes = [tuple(t.shape) for t in example_inputs if isinstance(t, torch.Tensor)]
-    _debug(f"g{graph_id}: new graph for input shapes {shapes}; substituted {report.substituted or 'nothing'}"
+    _debug(f"{name}: new graph for input shapes {shapes}; substituted {report.substituted or 'nothing'}"
            + (f"; kept {report.skipped}" if report.skipped else ""))
 
     def compiler(kind):
-        return lambda g, ex: _compile(g, ex, name=f"g{graph_id}.{kind}")
+        return lambda g, ex: _compile(g, ex, name=f"{name}.{kind}")
 
     return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
                         decompositions=decompositions.table())(gm, example_inputs)

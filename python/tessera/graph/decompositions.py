@@ -1,7 +1,7 @@
 """The ATen decompositions AOTAutograd applies before torch-mlir imports a graph: core
 ATen, plus the ops torch-mlir cannot legalize to StableHLO that have an exact
 decomposition (batch norm variants, ``squeeze.dims``, ``as_strided`` that only
-re-strides size-1 dims, ``EmbeddingBag`` with sum pooling)."""
+re-strides size-1 dims, ``slice_scatter``, ``EmbeddingBag`` with sum pooling)."""
 
 import math
 
@@ -47,6 +47,19 @@ def _as_strided_view(x, size, stride, storage_offset=None):
     return x.view(size)
 
 
+def _slice_scatter(x, src, dim=0, start=None, end=None, step=1):
+    """``slice_scatter`` with unit step as a concatenation of the kept slices and
+    ``src``: torch-mlir's own lowering runs out of memory on an open end (``x[..., 8:]``'s
+    backward passes ``end = 2**63 - 1``, as Transformers' rotate_half does)."""
+    if step != 1:
+        return NotImplemented
+    size = x.shape[dim]
+    start = 0 if start is None else min(max(start + size if start < 0 else start, 0), size)
+    end = size if end is None else min(max(end + size if end < 0 else end, start), size)
+    parts = [aten.slice.Tensor(x, dim, 0, start), src, aten.slice.Tensor(x, dim, end, size)]
+    return aten.cat.default([p for p in parts if p.shape[dim] != 0] or [src], dim)
+
+
 def table():
     """core ATen + the extra decompositions above."""
     d = dict(core_aten_decompositions())
@@ -56,6 +69,7 @@ def table():
     ]))
     d[aten.squeeze.dims] = _squeeze_dims
     d[aten.as_strided.default] = _as_strided_view
+    d[aten.slice_scatter.default] = _slice_scatter
     d[aten._embedding_bag.default] = _embedding_bag_sum
     d[aten._embedding_bag_forward_only.default] = _embedding_bag_sum
     return d

@@ -1,0 +1,81 @@
+"""Graph-mode benchmark (not a test) on library models: Transformers decoders and BERT
+and timm image models at ``library.SIZES["bench"]`` (hidden 256, 4 layers, 2x128
+tokens; 8x3x128x128 images), forward with no gradients, under eager PyTorch,
+``torch.compile`` (Inductor) and ``torch.compile(backend="tessera")`` in one process.
+Prints the kernels graph mode took and the medians of ``--runs`` calls after warm-up;
+ratios below 1 mean tessera is faster.
+
+    .venv/bin/python python/examples/models/library_bench.py [--runs 10] [--models llama,vit]
+"""
+
+import argparse
+import pathlib
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+import tessera  # noqa: E402
+from models import library  # noqa: E402
+
+MODELS = library.DECODERS + ("bert",) + library.VISION
+
+
+def median_ms(f, runs):
+    f()
+    f()
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        f()
+        times.append(time.perf_counter() - t)
+    return 1e3 * statistics.median(times)
+
+
+def build(name):
+    if name in library.DECODERS:
+        return library.causal_lm(name, "bench").eval(), (library.tokens("bench"),)
+    if name == "bert":
+        return library.bert("bench").eval(), (library.tokens("bench"),)
+    model, x = library.vision(name, "bench")
+    return model.eval(), (x,)
+
+
+def row(name, runs):
+    model, inputs = build(name)
+    out = {}
+    with torch.no_grad():
+        for label in ("eager", "inductor", "tessera"):
+            torch._dynamo.reset()
+            tessera.reset_graph_stats()
+            fn = {"eager": model, "inductor": torch.compile(model),
+                  "tessera": torch.compile(model, backend="tessera")}[label]
+            out[label] = median_ms(lambda: fn(*inputs), runs)
+            if label == "tessera":
+                stats = tessera.graph_stats()
+                out["kernels"] = ", ".join(f"{k} x{n}" for k, n in sorted(stats["kernels"].items())) or "none"
+                out["eager graphs"] = len([k for k in stats["fallbacks"] if k.startswith("graph ")
+                                           or k.endswith((".forward", ".backward"))])
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--models", default=",".join(MODELS))
+    args = parser.parse_args()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; medians of {args.runs} calls, ms")
+    print("| model | kernels taken | eager | Inductor | tessera | tessera/eager | tessera/Inductor |")
+    print("|---|---|---|---|---|---|---|")
+    for name in args.models.split(","):
+        r = row(name, args.runs)
+        eager_graphs = f" ({r['eager graphs']} graphs eager)" if r["eager graphs"] else ""
+        print(f"| {name} | {r['kernels']}{eager_graphs} | {r['eager']:.2f} | {r['inductor']:.2f} | "
+              f"{r['tessera']:.2f} | {r['tessera'] / r['eager']:.2f} | {r['tessera'] / r['inductor']:.2f} |",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
