@@ -7,9 +7,11 @@
 
 Each attention call of the model runs ``torch.ops.tessera.flash_attention`` eagerly
 (and in graph mode): causal, sliding-window (from the mask Transformers builds), Gemma 2
-soft-capping and GQA. A call the kernel cannot take (a padding mask, dropout, another
-dtype or device) runs Transformers' SDPA implementation and is recorded as a fallback
-(``tessera.trace_ops()``).
+soft-capping and GQA. A padded batch (each entry's queries seeing one range of keys,
+causally or not: left or right padding, the attention mask of a tokenizer) runs
+``torch.ops.tessera.varlen_attention`` on the packed tokens. A call neither kernel can
+take (padding with a window or soft-capping, dropout, another dtype or device) runs
+Transformers' SDPA implementation and is recorded as a fallback (``tessera.trace_ops()``).
 """
 
 import torch
@@ -40,6 +42,9 @@ def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=No
     elif attention_mask is not None:
         options = _mask_options(attention_mask, sq, sk, lambda mask: mask)
         if isinstance(options, str):
+            packed = _padded(attention_mask) if softcap is None else None
+            if packed is not None:
+                return _varlen(query, key, value, scaling, *packed), None
             why = options
         else:
             causal, window = options
@@ -54,6 +59,49 @@ def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=No
                                       is_causal=is_causal, **kwargs)
     out = torch.ops.tessera.flash_attention(query, key, value, causal, scaling, window, softcap)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _padded(mask):
+    """``(query ranges, key ranges, causal)`` when each batch entry of the ``[batch, 1,
+    q_len, kv_len]`` mask lets queries ``[q0, q1)`` see keys ``[k0, k1)``, all of them
+    or causally (top-left within the ranges, as varlen attention masks) and nothing else;
+    else None."""
+    if mask.dim() != 4 or mask.shape[1] != 1:
+        return None
+    keep = (mask if mask.dtype == torch.bool else mask == 0)[:, 0]
+    ranges = []
+    for rows, cols in zip(keep.any(-1), keep.any(-2)):
+        q, k = rows.nonzero().flatten(), cols.nonzero().flatten()
+        if len(q) == 0 or len(k) == 0:
+            return None
+        ranges.append(((int(q[0]), int(q[-1]) + 1), (int(k[0]), int(k[-1]) + 1)))
+    for causal in (True, False):
+        want = torch.zeros_like(keep)
+        for b, ((q0, q1), (k0, k1)) in enumerate(ranges):
+            block = torch.ones(q1 - q0, k1 - k0, dtype=torch.bool)
+            want[b, q0:q1, k0:k1] = block.tril() if causal else block
+        if torch.equal(want, keep):
+            return [r[0] for r in ranges], [r[1] for r in ranges], causal
+    return None
+
+
+def _varlen(query, key, value, scaling, q_ranges, k_ranges, causal):
+    """Attention of a padded batch as varlen attention over its packed tokens; rows of
+    padding queries come out 0 (as PyTorch's SDPA gives rows that see no key)."""
+    def pack(t, ranges):
+        return torch.cat([t[b, :, r0:r1] for b, (r0, r1) in enumerate(ranges)], dim=1)
+
+    def offsets(ranges):
+        return torch.tensor([0] + [r1 - r0 for r0, r1 in ranges], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+
+    out = torch.ops.tessera.varlen_attention(pack(query, q_ranges), pack(key, k_ranges), pack(value, k_ranges),
+                                             offsets(q_ranges), offsets(k_ranges), causal, scaling)
+    result = query.new_zeros(query.shape)
+    start = 0
+    for b, (q0, q1) in enumerate(q_ranges):
+        result[b, :, q0:q1] = out[:, start:start + q1 - q0]
+        start += q1 - q0
+    return result.transpose(1, 2).contiguous()
 
 
 def _capped_math(query, key, value, mask, scaling, softcap, dropout):

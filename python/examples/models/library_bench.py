@@ -10,28 +10,16 @@ ratios below 1 mean tessera is faster.
 
 import argparse
 import pathlib
-import statistics
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import tessera  # noqa: E402
 from models import library  # noqa: E402
+from models.bench import median_ms  # noqa: E402
 
 MODELS = library.DECODERS + ("bert",) + library.VISION
-
-
-def median_ms(f, runs):
-    f()
-    f()
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - t)
-    return 1e3 * statistics.median(times)
 
 
 def build(name):

@@ -175,6 +175,25 @@ def _mask_options(mask, sq: int, sk: int, constants: Callable):
     return "attn_mask is not causal, sliding-window or all-visible"
 
 
+def _kernel_options(q, k, v, out, mask, is_causal, constants):
+    """``(is_causal, window)`` of the flash attention call computing ``out`` from these
+    q/k/v nodes and mask, or why the kernel cannot take it."""
+    qv, kv, vv, ov = _val(q), _val(k), _val(v), _val(out)
+    if any(t is None for t in (qv, kv, vv, ov)):
+        return "shapes unknown"
+    if qv.dim() != 4 or kv.dim() != 4 or vv.dim() != 4:
+        return "q/k/v are not 4-D [batch, heads, seq, head_dim]"
+    if qv.dtype not in (torch.float32, torch.bfloat16) or not (qv.dtype == kv.dtype == vv.dtype == ov.dtype):
+        return f"dtype {qv.dtype} (float32 or bfloat16 only, the same for q, k, v and the result)"
+    if kv.shape != vv.shape or qv.shape[-1] > 256 or qv.shape[1] % kv.shape[1] or ov.shape != qv.shape:
+        return "k/v shapes differ, head dim above 256, or kv heads do not divide q heads"
+    if mask is None:
+        return bool(is_causal), None
+    if is_causal:
+        return "both attn_mask and is_causal"
+    return _mask_options(mask, qv.shape[2], kv.shape[2], constants)
+
+
 def sdpa_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
               enable_gqa=False):
     """Scaled-dot-product attention in plain ops (what an unsubstituted SDPA call becomes,
@@ -209,33 +228,18 @@ def _attention(graph, report, constants):
         dropout = _arg(n, 4, "dropout_p", 0.0)
         is_causal = _arg(n, 5, "is_causal", False)
         scale = _arg(n, 6, "scale")
-        qv = _val(q)
-        k = _unrepeated_kv(k) or k
-        v = _unrepeated_kv(v) or v
-        kv, vv = _val(k), _val(v)
-        why = None
-        if any(t is None for t in (qv, kv, vv)):
-            why = "shapes unknown"
-        elif dropout:
+        k, v = _unrepeated_kv(k) or k, _unrepeated_kv(v) or v
+        window, why = None, None
+        if dropout:
             why = "dropout_p is not 0"
-        elif qv.dim() != 4 or kv.dim() != 4 or vv.dim() != 4:
-            why = "q/k/v are not 4-D [batch, heads, seq, head_dim]"
-        elif qv.dtype not in (torch.float32, torch.bfloat16) or kv.dtype != qv.dtype or vv.dtype != qv.dtype:
-            why = f"dtype {qv.dtype} (float32 or bfloat16 only)"
-        elif kv.shape != vv.shape or qv.shape[-1] > 256 or qv.shape[1] % kv.shape[1]:
-            why = "k/v shapes differ, head dim above 256, or kv heads do not divide q heads"
         elif isinstance(scale, torch.fx.Node) or isinstance(is_causal, torch.fx.Node):
             why = "scale or is_causal is not a constant"
-        window = None
-        if why is None and mask is not None:
-            if is_causal:
-                why = "both attn_mask and is_causal"
+        else:
+            options = _kernel_options(q, k, v, n, mask, is_causal, constants)
+            if isinstance(options, str):
+                why = options
             else:
-                options = _mask_options(mask, qv.shape[2], kv.shape[2], constants)
-                if isinstance(options, str):
-                    why = options
-                else:
-                    is_causal, window = options
+                is_causal, window = options
         if why:
             report.miss("scaled_dot_product_attention", why)
             with graph.inserting_after(n):
@@ -304,24 +308,12 @@ def _eager_attention(graph, report, constants):
             continue
         q, k, scale, softcap = found
         k, v = _unrepeated_kv(k) or k, _unrepeated_kv(v) or v
-        qv, kv, vv, ov = _val(q), _val(k), _val(v), _val(out)
-        why = None
-        if any(t is None for t in (qv, kv, vv, ov)) or qv.dim() != 4 or kv.dim() != 4 or vv.dim() != 4:
-            why = "q/k/v are not 4-D [batch, heads, seq, head_dim]"
-        elif qv.dtype not in (torch.float32, torch.bfloat16) or not (qv.dtype == kv.dtype == vv.dtype == ov.dtype):
-            why = f"dtypes {qv.dtype}/{kv.dtype}/{vv.dtype} -> {ov.dtype} (one of float32 or bfloat16)"
-        elif kv.shape != vv.shape or qv.shape[-1] > 256 or qv.shape[1] % kv.shape[1] or ov.shape != qv.shape:
-            why = "k/v shapes differ, head dim above 256, or kv heads do not divide q heads"
-        causal, window = False, None
-        if why is None and mask is not None:
-            options = _mask_options(mask, qv.shape[2], kv.shape[2], constants)
-            if isinstance(options, str):
-                why = options
-            else:
-                causal, window = options
+        options = _kernel_options(q, k, v, out, mask, False, constants)
+        why = options if isinstance(options, str) else None
         if why:
             report.miss("attention (eager form)", why)
             continue
+        causal, window = options
         _replace(graph, out, torch.ops.tessera.flash_attention, (q, k, v, causal, scale, window, softcap),
                  report, "flash_attention")
 
