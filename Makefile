@@ -24,9 +24,10 @@ JAX_STAMP := $(VENV)/.jax-0.10.2-libtpu-0.0.42.1
 TORCH := torch==2.13.0 maturin==1.16.0 pytest torch-mlir==20261001
 TORCH_STAMP := $(VENV)/.torch-2.13.0-torch-mlir-20261001
 # Optional test dependencies: the real models graph mode is tested on (Transformers,
-# timm), with torch pinned in the same call so their requirements cannot replace it.
-MODEL_LIBS := transformers==5.23.0 timm==1.0.31 torchvision==0.28.0 torch==2.13.0
-MODEL_LIBS_STAMP := $(VENV)/.transformers-5.23.0-timm-1.0.31
+# timm, diffusers), with torch pinned in the same call so their requirements cannot
+# replace it.
+MODEL_LIBS := transformers==5.23.0 timm==1.0.31 diffusers==0.42.1 torchvision==0.28.0 torch==2.13.0
+MODEL_LIBS_STAMP := $(VENV)/.transformers-5.23.0-timm-1.0.31-diffusers-0.42.1
 
 .PHONY: demo test setup apt python build lint fmt-check clippy fuzz clean
 

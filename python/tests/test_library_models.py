@@ -1,8 +1,9 @@
-"""Graph mode on the models people run: Hugging Face Transformers and timm models built
-from small configs with random weights (nothing is downloaded), each through
-``torch.compile(model, backend="tessera")`` in its default call, against eager PyTorch
-(outputs, generated tokens, one training step's loss and gradients), with the kernels
-each must take; and the backend's promise never to raise on a graph it cannot take."""
+"""Graph mode on the models people run: Hugging Face Transformers, timm and diffusers
+models built from small configs with random weights (nothing is downloaded), each
+through ``torch.compile(model, backend="tessera")`` in its default call, against eager
+PyTorch (outputs, generated tokens, one training step's loss and gradients), with the
+kernels each must take; Transformers' ``attn_implementation="tessera"``; and the
+backend's promise never to raise on a graph it cannot take."""
 
 import copy
 import pathlib
@@ -79,6 +80,16 @@ def test_sliding_window_sets_the_kernels_window():
     assert code[0].count("True, 0.25, 7)") == LAYERS, code[0]
 
 
+def test_eager_attention_with_active_dropout_says_why_it_is_not_taken():
+    model = causal_lm("gemma2").train()
+    model.config.attention_dropout = 0.1
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.1
+    found = tessera.explain_graph(model, ids())
+    assert "flash_attention" not in found["substituted"], found
+    assert found["kept"]["attention (eager form)"] == "attention dropout is active (p > 0 while training)", found
+
+
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_causal_lm_training_step_matches_eager(name):
     model = causal_lm(name).train()
@@ -142,6 +153,19 @@ def test_timm_model_matches_eager_with_no_eager_graph(name):
     stats = tessera.graph_stats()
     assert stats["graphs"] == 1 and stats["fallbacks"] == {}, stats
     assert stats["kernels"] == VISION_KERNELS[name], stats
+
+
+def test_diffusers_unet_matches_eager_with_no_eager_graph():
+    unet, inputs = library.diffusion_unet()
+    unet.eval()
+    with torch.no_grad():
+        want = unet(*inputs).sample
+        got = torch.compile(unet, backend="tessera")(*inputs).sample
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    stats = tessera.graph_stats()
+    assert stats["graphs"] == 1 and stats["fallbacks"] == {}, stats
+    # self- and cross-attention in each transformer block, its LayerNorms
+    assert stats["kernels"] == {"flash_attention": 8, "layer_norm": 12}, stats
 
 
 # ---- never raise ------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Models of Hugging Face Transformers and timm, built from small configs with random
+"""Models of Hugging Face Transformers, timm and diffusers, built from small configs with random
 weights (nothing is downloaded): the graph-mode test bed (``size="test"``) and
 benchmark (``size="bench"``) beside the zoo."""
 
@@ -69,6 +69,24 @@ def vision(name: str, size: str = "test"):
     torch.manual_seed(0)
     model = timm.create_model(arch, pretrained=False, num_classes=10, **extra)
     return model, torch.randn(2 if size == "test" else 8, 3, pixels, pixels)
+
+
+def diffusion_unet(size: str = "test"):
+    """A diffusers text-conditioned UNet (cross-attention in both resolutions' attention
+    blocks) and its inputs: latents, timesteps, text states."""
+    import diffusers
+
+    torch.manual_seed(0)
+    pixels, width = (16, 32) if size == "test" else (32, 64)
+    unet = diffusers.UNet2DConditionModel(
+        sample_size=pixels, in_channels=4, out_channels=4, layers_per_block=1,
+        block_out_channels=(width, 2 * width), down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=32, attention_head_dim=8,
+        norm_num_groups=8)
+    batch = 2
+    generator = torch.Generator().manual_seed(1)
+    return unet, (torch.randn(batch, 4, pixels, pixels, generator=generator), torch.tensor([10, 20]),
+                  torch.randn(batch, 7, 32, generator=generator))
 
 
 def tokens(size: str = "test", batch: int = 2) -> torch.Tensor:

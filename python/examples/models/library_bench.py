@@ -1,5 +1,5 @@
-"""Graph-mode benchmark (not a test) on library models: Transformers decoders and BERT
-and timm image models at ``library.SIZES["bench"]`` (hidden 256, 4 layers, 2x128
+"""Graph-mode benchmark (not a test) on library models: Transformers decoders and BERT,
+timm image models and a diffusers UNet at ``library.SIZES["bench"]`` (hidden 256, 4 layers, 2x128
 tokens; 8x3x128x128 images), forward with no gradients, under eager PyTorch,
 ``torch.compile`` (Inductor) and ``torch.compile(backend="tessera")`` in one process.
 Prints the kernels graph mode took and the medians of ``--runs`` calls after warm-up;
@@ -19,7 +19,7 @@ import tessera  # noqa: E402
 from models import library  # noqa: E402
 from models.bench import median_ms  # noqa: E402
 
-MODELS = library.DECODERS + ("bert",) + library.VISION
+MODELS = library.DECODERS + ("bert",) + library.VISION + ("unet",)
 
 
 def build(name):
@@ -27,6 +27,9 @@ def build(name):
         return library.causal_lm(name, "bench").eval(), (library.tokens("bench"),)
     if name == "bert":
         return library.bert("bench").eval(), (library.tokens("bench"),)
+    if name == "unet":
+        unet, inputs = library.diffusion_unet("bench")
+        return unet.eval(), inputs
     model, x = library.vision(name, "bench")
     return model.eval(), (x,)
 

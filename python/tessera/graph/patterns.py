@@ -298,6 +298,9 @@ def _eager_attention(graph, report, constants):
         p, v = out.args
         while _no_op_dropout(p) is not None or _cast_of(p) is not None:
             p = _no_op_dropout(p) if _no_op_dropout(p) is not None else _cast_of(p)
+        if _is(p, {F.dropout}) and _is(_uncast(p.args[0]), _SOFTMAX, "softmax"):
+            report.miss("attention (eager form)", "attention dropout is active (p > 0 while training)")
+            continue
         if not _is(p, _SOFTMAX, "softmax") or _arg(p, 1, "dim") not in (-1, 3):
             continue
         s, mask = p.args[0], None
