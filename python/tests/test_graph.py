@@ -4,6 +4,7 @@ substitution passes take (and the ones they must not), caching, fallbacks, dynam
 shapes, dumps and the debug log."""
 
 import importlib.metadata
+import math
 import os
 import pathlib
 import subprocess
@@ -200,6 +201,15 @@ class Attention(nn.Module):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         if f == "checker_mask":  # neither causal nor a window: must stay plain StableHLO
             return F.scaled_dot_product_attention(q, k, v, attn_mask=self.checker[:sq, :sq], enable_gqa=True)
+        if f.startswith("written_"):  # attention written out, as Transformers' eager form
+            k, v = k.repeat_interleave(self.n, dim=1), v.repeat_interleave(self.n, dim=1)
+            s = q @ k.transpose(2, 3)
+            if f == "written_scaled_div":
+                s = s / math.sqrt(q.shape[-1])
+            elif f == "written_softcap_causal":
+                s = torch.tanh(s * 0.3 / 5.0) * 5.0
+                s = s + torch.full((sq, sq), float("-inf")).triu(1)
+            return F.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype) @ v
         if f == "input_mask":  # depends on an input: must stay plain StableHLO
             return F.scaled_dot_product_attention(q, k, v, attn_mask=q[0, 0] @ k[0, 0].T > 0, enable_gqa=True)
         raise ValueError(f)
@@ -207,7 +217,8 @@ class Attention(nn.Module):
 
 @pytest.mark.parametrize("form", ["is_causal", "scale", "repeat_interleave", "expand_reshape",
                                   "bool_mask_buffer", "additive_mask", "band_mask", "batch_band_mask",
-                                  "checker_mask", "input_mask"])
+                                  "checker_mask", "input_mask", "written_unscaled", "written_scaled_div",
+                                  "written_softcap_causal"])
 def test_attention_forms(form):
     torch.manual_seed(0)
     q, k, v = torch.randn(2, 4, 16, 8), torch.randn(2, 2, 16, 8), torch.randn(2, 2, 16, 8)

@@ -325,7 +325,7 @@ class _PerShape:
     def __call__(self, *args):
         key = (torch.is_grad_enabled(),) + tuple(
             a.item() if i in self.scalars else
-            (tuple(a.shape), a.dtype, a.requires_grad) if isinstance(a, torch.Tensor) else a
+            (tuple(a.shape), a.stride(), a.dtype, a.requires_grad) if isinstance(a, torch.Tensor) else a
             for i, a in enumerate(args))
         run = self.compiled.get(key)
         if run is None:

@@ -267,14 +267,14 @@ def _no_op_dropout(n):
 
 def _scaled_scores(s):
     """``(q, k, scale, softcap)`` when ``s`` is ``(q @ k^T) * scale`` (or ``/ d``, or
-    unscaled), optionally soft-capped as Gemma 2 writes it (``tanh(s / c) * c``); else
-    None. ``scale`` None means PyTorch's default."""
+    unscaled: ``scale`` 1), optionally soft-capped as Gemma 2 writes it (``tanh(s / c) *
+    c``); else None."""
     softcap = None
     if _is(s, _MUL, "mul") and len(s.args) == 2 and isinstance(s.args[1], (int, float)):
         t = s.args[0]
         if _is(t, {torch.tanh}, "tanh") and _is(t.args[0], _DIV, "div") and t.args[0].args[1] == s.args[1]:
             softcap, s = float(s.args[1]), t.args[0].args[0]
-    scale = None
+    scale = 1.0
     if _is(s, _MUL, "mul") and len(s.args) == 2 and isinstance(s.args[1], (int, float)):
         scale, s = float(s.args[1]), s.args[0]
     elif _is(s, _DIV, "div") and len(s.args) == 2 and isinstance(s.args[1], (int, float)):
