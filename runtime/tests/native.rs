@@ -1,4 +1,4 @@
-//! What only the native backend does: its polynomial `exp` and `tanh`, carried buffers that swap in
+//! What only the native backend does: its polynomial `exp`, `log`, `tanh` and `erf`, carried buffers that swap in
 //! a loop, parallel programs split across threads, and the kernels it declines.
 
 use kernel_ir::dsl::for_range;
@@ -110,6 +110,109 @@ fn tanh_matches_libm_across_both_branches() {
             (y - want).abs() <= 4e-7 * want.abs() + 1e-38 && y.signum() == want.signum()
         };
         assert!(ok, "tanh({x}) = {y}, libm says {want}");
+    }
+}
+
+/// Distance from `y` to the f64 value `want` in units of the f32 spacing at `want`.
+fn ulps(y: f32, want: f64) -> f64 {
+    let w = want as f32;
+    let next = f32::from_bits(w.abs().to_bits() + 1);
+    (y as f64 - want).abs() / (next - w.abs()) as f64
+}
+
+#[test]
+fn erf_is_within_3_ulp_of_libm_over_the_whole_f32_range() {
+    let mut xs = vec![
+        f32::NEG_INFINITY,
+        f32::INFINITY,
+        f32::NAN,
+        0.0,
+        -0.0,
+        1e-45,
+        -1e-40,
+        1e-38,
+        0.999_999_94,
+        1.0,
+        -1.0,
+        3.999_999_8,
+        4.0,
+        4.5,
+        -1e4,
+        f32::MAX,
+        f32::MIN,
+    ];
+    // Dense over [-4.5, 4.5] (both branches, the clamp), then geometric down to subnormals.
+    for i in -4500..=4500 {
+        xs.push(i as f32 * 1e-3);
+    }
+    for i in 0..400 {
+        xs.push(10f32.powf(-(i as f32) * 0.1));
+    }
+    let rows = xs.len().div_ceil(64) as u64;
+    xs.resize(rows as usize * 64, 0.5);
+    for registers in Registers::ALL.into_iter().filter(|r| r.runs_here()) {
+        let native = Native::for_registers(registers);
+        let k = unary_kernel([rows, 64], Tensor::erf);
+        let got = native
+            .run(&k, &[f32_array([rows, 64], xs.clone())])
+            .unwrap();
+        for (x, y) in xs.iter().zip(got[0].as_f32().unwrap()) {
+            let want = libm::erf(*x as f64);
+            let ok = if want.is_nan() {
+                y.is_nan()
+            } else {
+                ulps(*y, want) <= 3.0 && (y.is_sign_negative() == x.is_sign_negative())
+            };
+            assert!(ok, "erf({x:e}) = {y:e}, libm says {want:e} ({registers:?})");
+        }
+    }
+}
+
+#[test]
+fn log_is_within_2_ulp_of_libm_over_the_whole_f32_range() {
+    let mut xs = vec![
+        f32::NEG_INFINITY,
+        f32::INFINITY,
+        f32::NAN,
+        0.0,
+        -0.0,
+        -1.0,
+        1.0,
+        1e-45,
+        1e-40,
+        f32::MIN_POSITIVE,
+        f32::MAX,
+        std::f32::consts::SQRT_2,
+        std::f32::consts::FRAC_1_SQRT_2,
+        0.999_999_94,
+        1.000_000_1,
+    ];
+    // Dense around 1 (both sides of the mantissa split), then geometric over every binade.
+    for i in 0..3000 {
+        xs.push(0.5 + i as f32 * 5e-4);
+    }
+    for i in 0..1700 {
+        xs.push(2f32.powf(-149.0 + i as f32 * 0.16));
+    }
+    let rows = xs.len().div_ceil(64) as u64;
+    xs.resize(rows as usize * 64, 2.0);
+    for registers in Registers::ALL.into_iter().filter(|r| r.runs_here()) {
+        let native = Native::for_registers(registers);
+        let k = unary_kernel([rows, 64], Tensor::log);
+        let got = native
+            .run(&k, &[f32_array([rows, 64], xs.clone())])
+            .unwrap();
+        for (x, y) in xs.iter().zip(got[0].as_f32().unwrap()) {
+            let want = (*x as f64).ln();
+            let ok = if want.is_nan() {
+                y.is_nan()
+            } else if want.is_infinite() {
+                *y as f64 == want
+            } else {
+                ulps(*y, want) <= 2.0
+            };
+            assert!(ok, "log({x:e}) = {y:e}, libm says {want:e} ({registers:?})");
+        }
     }
 }
 
