@@ -25,8 +25,10 @@ def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=No
               softcap=None, is_causal=None, **kwargs):
     """A Transformers attention function: q ``[batch, heads, q_len, head_dim]``, k/v
     ``[batch, kv_heads, kv_len, head_dim]``, the 4-D boolean mask of Transformers' SDPA
-    implementation (or None); returns ``([batch, q_len, heads, head_dim], None)``."""
-    from .graph.patterns import _mask_options
+    implementation (or None); returns ``([batch, q_len, heads, head_dim], None)``. The
+    window is read from the mask (``sliding_window`` is taken so that it does not reach
+    the SDPA fallback's keyword arguments)."""
+    from .graph.patterns import mask_options
 
     sq, sk = query.shape[2], key.shape[2]
     is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
@@ -40,7 +42,7 @@ def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=No
     elif query.shape[-1] > 256 or key.shape != value.shape or query.shape[1] % key.shape[1]:
         why = "head dim above 256, key/value shapes differ, or kv heads do not divide q heads"
     elif attention_mask is not None:
-        options = _mask_options(attention_mask, sq, sk, lambda mask: mask)
+        options = mask_options(attention_mask, sq, sk, lambda mask: mask)
         if isinstance(options, str):
             packed = _padded(attention_mask) if softcap is None else None
             if packed is not None:

@@ -147,7 +147,7 @@ def _visible(sq: int, sk: int, causal: bool, window: Optional[int]) -> torch.Ten
     return keep
 
 
-def _mask_options(mask, sq: int, sk: int, constants: Callable):
+def mask_options(mask, sq: int, sk: int, constants: Callable):
     """``(is_causal, window)`` of the kernel call that hides exactly what the constant
     ``mask`` hides (causal, sliding-window or all-visible; boolean or additive; the same
     for every batch entry and head), or a string saying why there is none."""
@@ -191,7 +191,7 @@ def _kernel_options(q, k, v, out, mask, is_causal, constants):
         return bool(is_causal), None
     if is_causal:
         return "both attn_mask and is_causal"
-    return _mask_options(mask, qv.shape[2], kv.shape[2], constants)
+    return mask_options(mask, qv.shape[2], kv.shape[2], constants)
 
 
 def sdpa_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
