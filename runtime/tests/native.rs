@@ -120,6 +120,41 @@ fn ulps(y: f32, want: f64) -> f64 {
     (y as f64 - want).abs() / (next - w.abs()) as f64
 }
 
+/// Runs `f` natively on `xs` for every register width this CPU runs and checks each
+/// result against `reference` in f64: NaN for NaN, infinities exactly, anything else
+/// within `max_ulps` and of the reference's sign.
+fn check_unary(
+    name: &str,
+    f: fn(Tensor) -> Tensor,
+    reference: fn(f64) -> f64,
+    mut xs: Vec<f32>,
+    max_ulps: f64,
+) {
+    let rows = xs.len().div_ceil(64) as u64;
+    xs.resize(rows as usize * 64, 0.5);
+    for registers in Registers::ALL.into_iter().filter(|r| r.runs_here()) {
+        let native = Native::for_registers(registers);
+        let k = unary_kernel([rows, 64], f);
+        let got = native
+            .run(&k, &[f32_array([rows, 64], xs.clone())])
+            .unwrap();
+        for (x, y) in xs.iter().zip(got[0].as_f32().unwrap()) {
+            let want = reference(*x as f64);
+            let ok = if want.is_nan() {
+                y.is_nan()
+            } else if want.is_infinite() {
+                *y as f64 == want
+            } else {
+                ulps(*y, want) <= max_ulps && y.is_sign_negative() == want.is_sign_negative()
+            };
+            assert!(
+                ok,
+                "{name}({x:e}) = {y:e}, libm says {want:e} ({registers:?})"
+            );
+        }
+    }
+}
+
 #[test]
 fn erf_is_within_3_ulp_of_libm_over_the_whole_f32_range() {
     let mut xs = vec![
@@ -148,24 +183,7 @@ fn erf_is_within_3_ulp_of_libm_over_the_whole_f32_range() {
     for i in 0..400 {
         xs.push(10f32.powf(-(i as f32) * 0.1));
     }
-    let rows = xs.len().div_ceil(64) as u64;
-    xs.resize(rows as usize * 64, 0.5);
-    for registers in Registers::ALL.into_iter().filter(|r| r.runs_here()) {
-        let native = Native::for_registers(registers);
-        let k = unary_kernel([rows, 64], Tensor::erf);
-        let got = native
-            .run(&k, &[f32_array([rows, 64], xs.clone())])
-            .unwrap();
-        for (x, y) in xs.iter().zip(got[0].as_f32().unwrap()) {
-            let want = libm::erf(*x as f64);
-            let ok = if want.is_nan() {
-                y.is_nan()
-            } else {
-                ulps(*y, want) <= 3.0 && (y.is_sign_negative() == x.is_sign_negative())
-            };
-            assert!(ok, "erf({x:e}) = {y:e}, libm says {want:e} ({registers:?})");
-        }
-    }
+    check_unary("erf", Tensor::erf, libm::erf, xs, 3.0);
 }
 
 #[test]
@@ -194,26 +212,7 @@ fn log_is_within_2_ulp_of_libm_over_the_whole_f32_range() {
     for i in 0..1700 {
         xs.push(2f32.powf(-149.0 + i as f32 * 0.16));
     }
-    let rows = xs.len().div_ceil(64) as u64;
-    xs.resize(rows as usize * 64, 2.0);
-    for registers in Registers::ALL.into_iter().filter(|r| r.runs_here()) {
-        let native = Native::for_registers(registers);
-        let k = unary_kernel([rows, 64], Tensor::log);
-        let got = native
-            .run(&k, &[f32_array([rows, 64], xs.clone())])
-            .unwrap();
-        for (x, y) in xs.iter().zip(got[0].as_f32().unwrap()) {
-            let want = (*x as f64).ln();
-            let ok = if want.is_nan() {
-                y.is_nan()
-            } else if want.is_infinite() {
-                *y as f64 == want
-            } else {
-                ulps(*y, want) <= 2.0
-            };
-            assert!(ok, "log({x:e}) = {y:e}, libm says {want:e} ({registers:?})");
-        }
-    }
+    check_unary("log", Tensor::log, f64::ln, xs, 2.0);
 }
 
 /// A kernel that prints in a loop on a 2-d grid: an i32 scalar, f32 and bool tensors.
