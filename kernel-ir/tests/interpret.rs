@@ -26,6 +26,36 @@ fn add_one_matches_reference() {
 }
 
 #[test]
+fn recip_and_sigmoid_match_their_formulas() {
+    let ty = TensorType::new(DType::F32, [8, 128]);
+    let whole = || block_spec([8, 128], |_| vec![0.into(), 0.into()]);
+    let k = pallas_call(|x: Ref, r: Ref, s: Ref| {
+        r.write(x.read().recip());
+        s.write(x.read().sigmoid());
+    })
+    .grid([1])
+    .input(ty.clone(), whole())
+    .output(ty.clone(), whole())
+    .output(ty, whole())
+    .build()
+    .unwrap();
+    assert!(
+        print_kernel(&k).contains("div"),
+        "print_kernel is in the prelude"
+    );
+    let x = random(DType::F32, &[8, 128], 3);
+    let out = run(&k, std::slice::from_ref(&x));
+    let xs = x.to_f64();
+    let recip: Vec<f64> = xs.iter().map(|v| 1.0 / v).collect();
+    let sigmoid: Vec<f64> = xs.iter().map(|v| 1.0 / (1.0 + (-v).exp())).collect();
+    assert!(
+        max_abs_diff(&out[0].to_f64(), &recip)
+            <= 1e-6 * recip.iter().fold(1.0, |m, v| v.abs().max(m))
+    );
+    assert!(max_abs_diff(&out[1].to_f64(), &sigmoid) < 1e-6);
+}
+
+#[test]
 fn masked_softmax_handles_a_partial_last_block() {
     for (m, n, bm) in [(13, 7, 8), (1, 1, 8), (16, 32, 8), (9, 128, 4)] {
         let k = softmax_masked(m, n, bm.min(m));

@@ -53,7 +53,7 @@ pub mod prelude {
     pub use crate as kernel_ir;
     pub use crate::ir::{DimSemantics, IndexExpr, Kernel};
     pub use crate::types::{DType, TensorType};
-    pub use crate::{debug_print, s};
+    pub use crate::{debug_print, print_kernel, s};
 }
 
 /// Prints a message and kernel values with the program id while the kernel runs (on the

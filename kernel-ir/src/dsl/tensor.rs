@@ -126,6 +126,13 @@ impl Tensor {
         self.apply(UnaryOp::Rsqrt)
     }
 
+    /// `1 / x`, element-wise (where `1.0 / x` cannot tell which float width the
+    /// literal has).
+    #[track_caller]
+    pub fn recip(self) -> Tensor {
+        binary_rev(BinaryOp::Div, 1.0f64, self, Location::caller())
+    }
+
     /// Absolute value, element-wise.
     #[track_caller]
     pub fn abs(self) -> Tensor {
