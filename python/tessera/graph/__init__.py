@@ -1,5 +1,8 @@
 """Graph mode: ``torch.compile(model, backend="tessera")``.
 
+With ``options={"compiler": "inductor"}`` (or ``TESSERA_GRAPH_COMPILER=inductor``) the
+substituted graph goes to Inductor instead of the XLA path below.
+
 Dynamo -> kernel substitution (``patterns``: attention, norms, softmax, SwiGLU become
 ``torch.ops.tessera.*``) -> AOTAutograd (forward and backward graphs, core ATen) ->
 torch-mlir -> StableHLO with the Tessera ops as ``tessera_op`` custom calls (``lower``)
@@ -273,23 +276,41 @@ def _dynamic(example_inputs) -> bool:
     return False
 
 
-def tessera_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
-    """The ``torch.compile`` backend ``"tessera"``. It never raises on a graph it cannot
-    take (unless ``TESSERA_GRAPH_STRICT=1``): the graph then runs eagerly, with one
-    warning naming the cause. A graph Dynamo traced with dynamic shapes is compiled for
-    each shape it is called with (:class:`_PerShape`)."""
+COMPILERS = ("xla", "inductor")
+
+
+def _compiler(options) -> str:
+    """The compiler after substitution: ``options={"compiler": ...}`` of
+    ``torch.compile``, else ``TESSERA_GRAPH_COMPILER``, else ``xla``."""
+    name = (options or {}).get("compiler") or os.environ.get("TESSERA_GRAPH_COMPILER") or "xla"
+    if name not in COMPILERS:
+        raise GraphModeError(f"compiler {name!r}: expected one of {', '.join(COMPILERS)}")
+    unknown = set(options or {}) - {"compiler"}
+    if unknown:
+        raise GraphModeError(f"unknown options {sorted(unknown)}: the tessera backend takes 'compiler'")
+    return name
+
+
+def tessera_backend(gm: torch.fx.GraphModule, example_inputs, options=None, **kwargs):
+    """The ``torch.compile`` backend ``"tessera"``. After substitution the graph goes to
+    XLA (``options={"compiler": "xla"}``, the default) or to Inductor (``"inductor"``,
+    Tessera's ops as extern kernels). It never raises on a graph it cannot take (unless
+    ``TESSERA_GRAPH_STRICT=1``): the graph then runs eagerly, with one warning naming
+    the cause. A graph Dynamo traced with dynamic shapes is compiled for each shape it
+    is called with (:class:`_PerShape`)."""
     graph_id = next(_graph_ids)
+    compiler = _compiler(options)
     if _dynamic(example_inputs):
-        return _PerShape(gm, f"g{graph_id}")
-    return _static(gm, example_inputs, f"g{graph_id}")
+        return _PerShape(gm, f"g{graph_id}", compiler)
+    return _static(gm, example_inputs, f"g{graph_id}", compiler)
 
 
-def _static(gm: torch.fx.GraphModule, example_inputs, name: str):
+def _static(gm: torch.fx.GraphModule, example_inputs, name: str, compiler: str):
     """Compiles a graph of static shapes, or returns it to run eagerly if anything fails."""
     original = gm
     try:
         original = _copy(gm)
-        return _substitute_and_compile(gm, example_inputs, name)
+        return _substitute_and_compile(gm, example_inputs, name, compiler)
     except GraphModeError:
         raise
     except Exception as e:  # noqa: BLE001 - a backend must not raise on a graph it cannot take
@@ -314,8 +335,8 @@ class _PerShape:
     further shapes run eagerly, said once. ``graph_stats()["shapes"]`` counts the
     shapes compiled per graph."""
 
-    def __init__(self, gm: torch.fx.GraphModule, name: str):
-        self.gm, self.name, self.compiled = gm, name, {}
+    def __init__(self, gm: torch.fx.GraphModule, name: str, compiler: str):
+        self.gm, self.name, self.compiler, self.compiled = gm, name, compiler, {}
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         # Inputs read only through .item() (floats Dynamo did not specialize): their
         # values are part of the shape key and baked into the graph.
@@ -362,7 +383,7 @@ class _PerShape:
         for n in gm.graph.nodes:
             if "val" in n.meta:
                 n.meta["example_value"] = n.meta["val"]
-        run = _static(gm, tensors, name)
+        run = _static(gm, tensors, name, self.compiler)
         return lambda *call: run(*[a for a, k in zip(call, keep) if k])
 
 
@@ -374,9 +395,9 @@ def _bake(graph: torch.fx.Graph, node: torch.fx.Node, value) -> None:
     graph.erase_node(node)
 
 
-def _substitute_and_compile(gm: torch.fx.GraphModule, example_inputs, name: str):
-    """Substitutes Tessera's kernels into ``gm`` and hands it to AOTAutograd with
-    :func:`_compile` as the forward and backward compilers."""
+def _substitute_and_compile(gm: torch.fx.GraphModule, example_inputs, name: str, compiler: str):
+    """Substitutes Tessera's kernels into ``gm`` and hands it to Inductor, or to
+    AOTAutograd with :func:`_compile` (XLA) as the forward and backward compilers."""
     from torch._dynamo.backends.common import aot_autograd
 
     _dump(f"{name}.fx_before.py", gm.code)
@@ -389,10 +410,20 @@ def _substitute_and_compile(gm: torch.fx.GraphModule, example_inputs, name: str)
     _debug(f"{name}: new graph for input shapes {shapes}; substituted {report.substituted or 'nothing'}"
            + (f"; kept {report.skipped}" if report.skipped else ""))
 
-    def compiler(kind):
+    if compiler == "inductor":
+        from torch._inductor.compile_fx import compile_fx
+
+        run = compile_fx(gm, example_inputs)
+        _stats["graphs"] += 1
+        for op, n in report.substituted.items():
+            _stats["kernels"][op] = _stats["kernels"].get(op, 0) + n
+        _debug(f"{name}: compiled by Inductor")
+        return run
+
+    def xla(kind):
         return lambda g, ex: _compile(g, ex, name=f"{name}.{kind}")
 
-    return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
+    return aot_autograd(fw_compiler=xla("forward"), bw_compiler=xla("backward"),
                         decompositions=decompositions.table())(gm, example_inputs)
 
 
