@@ -22,6 +22,7 @@ pub const TENSOR_METHODS: &[&str] = &[
     "tanh",
     "sqrt",
     "rsqrt",
+    "recip",
     "erf",
     "abs",
     "sigmoid",
