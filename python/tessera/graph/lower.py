@@ -494,7 +494,7 @@ def _inline_resources(text: str) -> str:
 
     def inline(m):
         name, element = m.group(1), m.group(2)
-        if name not in blobs or element.endswith("xi1"):
+        if name not in blobs or element.split("x")[-1] == "i1":
             return m.group(0)
         return f'dense<"0x{blobs[name]}"> : tensor<{element}>'
 
