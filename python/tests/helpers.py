@@ -4,6 +4,21 @@ import os
 import subprocess
 import sys
 
+import pytest
+import torch
+
+import tessera
+
+
+@pytest.fixture(autouse=True)
+def fresh_graph_mode():
+    """Each test of a module that imports this starts and ends with Dynamo's caches
+    empty, and starts with zeroed graph-mode stats."""
+    torch._dynamo.reset()
+    tessera.reset_graph_stats()
+    yield
+    torch._dynamo.reset()
+
 
 def python_frames_of(call, in_file):
     """The names of the Python functions defined in files whose path contains

@@ -24,14 +24,7 @@ sys.path.insert(0, str(EXAMPLES))
 from models import ZOO, build  # noqa: E402
 from models import llama as llama_mod  # noqa: E402
 from models import mingpt  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def fresh():
-    torch._dynamo.reset()
-    tessera.reset_graph_stats()
-    yield
-    torch._dynamo.reset()
+from helpers import fresh_graph_mode  # noqa: E402, F401 - autouse: Dynamo reset around each test
 
 
 def compiled(model):

@@ -19,16 +19,9 @@ from tessera.graph import lower, patterns
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples"))
 from models import library  # noqa: E402
 from models.library import causal_lm  # noqa: E402
+from helpers import fresh_graph_mode  # noqa: E402, F401 - autouse: Dynamo reset around each test
 
 LAYERS = library.SIZES["test"][1]
-
-
-@pytest.fixture(autouse=True)
-def fresh():
-    torch._dynamo.reset()
-    tessera.reset_graph_stats()
-    yield
-    torch._dynamo.reset()
 
 
 # kernel -> calls per forward graph of a LAYERS-layer model

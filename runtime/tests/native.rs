@@ -16,6 +16,9 @@ fn f32_array(shape: [u64; 2], data: Vec<f32>) -> Array {
     Array::from_f32(DType::F32, shape, data).unwrap()
 }
 
+/// The inputs every element-wise math test starts from.
+const SPECIALS: [f32; 5] = [f32::NEG_INFINITY, f32::INFINITY, f32::NAN, 0.0, -0.0];
+
 /// One program applying `f` to a whole f32 array of `shape`.
 fn unary_kernel(shape: [u64; 2], f: fn(Tensor) -> Tensor) -> kernel_ir::Kernel {
     let ty = TensorType::new(DType::F32, shape);
@@ -31,12 +34,8 @@ fn unary_kernel(shape: [u64; 2], f: fn(Tensor) -> Tensor) -> kernel_ir::Kernel {
 fn exp_matches_libm_over_the_whole_f32_range() {
     // Rows of 16 lanes (`vscalefps` on AVX-512) and of 8 + 1 (exponent bits), for every
     // register width this CPU runs. Results under about 2e-38 are flushed to 0.
-    let mut xs = vec![
-        f32::NEG_INFINITY,
-        f32::INFINITY,
-        f32::NAN,
-        0.0,
-        -0.0,
+    let mut xs = SPECIALS.to_vec();
+    xs.extend([
         1e-30,
         -1e-30,
         88.0,
@@ -47,7 +46,7 @@ fn exp_matches_libm_over_the_whole_f32_range() {
         -110.0,
         f32::MIN,
         f32::MAX,
-    ];
+    ]);
     while xs.len() < 144 {
         let i = xs.len() as f32;
         xs.push((i - 70.0) * 1.37);
@@ -81,21 +80,8 @@ fn exp_matches_libm_over_the_whole_f32_range() {
 #[test]
 fn tanh_matches_libm_across_both_branches() {
     let k = unary_kernel([8, 64], Tensor::tanh);
-    let mut xs = vec![
-        f32::NEG_INFINITY,
-        f32::INFINITY,
-        f32::NAN,
-        0.0,
-        -0.0,
-        1e-30,
-        -1e-30,
-        0.399_999_98,
-        0.4,
-        -0.4,
-        9.0,
-        50.0,
-        -1e4,
-    ];
+    let mut xs = SPECIALS.to_vec();
+    xs.extend([1e-30, -1e-30, 0.399_999_98, 0.4, -0.4, 9.0, 50.0, -1e4]);
     while xs.len() < 512 {
         // Dense around the branch point and out to where tanh is 1 in f32.
         let i = xs.len() as f32 - 256.0;
@@ -157,12 +143,8 @@ fn check_unary(
 
 #[test]
 fn erf_is_within_3_ulp_of_libm_over_the_whole_f32_range() {
-    let mut xs = vec![
-        f32::NEG_INFINITY,
-        f32::INFINITY,
-        f32::NAN,
-        0.0,
-        -0.0,
+    let mut xs = SPECIALS.to_vec();
+    xs.extend([
         1e-45,
         -1e-40,
         1e-38,
@@ -175,7 +157,7 @@ fn erf_is_within_3_ulp_of_libm_over_the_whole_f32_range() {
         -1e4,
         f32::MAX,
         f32::MIN,
-    ];
+    ]);
     // Dense over [-4.5, 4.5] (both branches, the clamp), then geometric down to subnormals.
     for i in -4500..=4500 {
         xs.push(i as f32 * 1e-3);
@@ -188,12 +170,8 @@ fn erf_is_within_3_ulp_of_libm_over_the_whole_f32_range() {
 
 #[test]
 fn log_is_within_2_ulp_of_libm_over_the_whole_f32_range() {
-    let mut xs = vec![
-        f32::NEG_INFINITY,
-        f32::INFINITY,
-        f32::NAN,
-        0.0,
-        -0.0,
+    let mut xs = SPECIALS.to_vec();
+    xs.extend([
         -1.0,
         1.0,
         1e-45,
@@ -204,7 +182,7 @@ fn log_is_within_2_ulp_of_libm_over_the_whole_f32_range() {
         std::f32::consts::FRAC_1_SQRT_2,
         0.999_999_94,
         1.000_000_1,
-    ];
+    ]);
     // Dense around 1 (both sides of the mantissa split), then geometric over every binade.
     for i in 0..3000 {
         xs.push(0.5 + i as f32 * 5e-4);
