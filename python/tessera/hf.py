@@ -16,6 +16,7 @@ Transformers' SDPA implementation and is recorded as a fallback (``tessera.trace
 
 import torch
 
+from .graph.patterns import mask_options
 from .trace import record_fallback
 
 NAME = "tessera"
@@ -28,8 +29,6 @@ def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=No
     implementation (or None); returns ``([batch, q_len, heads, head_dim], None)``. The
     window is read from the mask (``sliding_window`` is taken so that it does not reach
     the SDPA fallback's keyword arguments)."""
-    from .graph.patterns import mask_options
-
     sq, sk = query.shape[2], key.shape[2]
     is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
     why, causal, window = None, bool(is_causal) and sq > 1 and attention_mask is None, None
@@ -42,10 +41,9 @@ def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=No
     elif query.shape[-1] > 256 or key.shape != value.shape or query.shape[1] % key.shape[1]:
         why = "head dim above 256, key/value shapes differ, or kv heads do not divide q heads"
     elif attention_mask is not None:
-        options = mask_options(attention_mask, sq, sk, lambda mask: mask)
+        options, packed = _read_mask(attention_mask, sq, sk)
         if isinstance(options, str):
-            packed = _padded(attention_mask) if softcap is None else None
-            if packed is not None:
+            if packed is not None and softcap is None:
                 return _varlen(query, key, value, scaling, *packed), None
             why = options
         else:
@@ -61,6 +59,23 @@ def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=No
                                       is_causal=is_causal, **kwargs)
     out = torch.ops.tessera.flash_attention(query, key, value, causal, scaling, window, softcap)
     return out.transpose(1, 2).contiguous(), None
+
+
+_last_mask = None  # (mask, its version, q_len, kv_len, what it says)
+
+
+def _read_mask(mask, sq: int, sk: int):
+    """What ``mask`` says: ``(mask_options(...), _padded(...))``. Every layer of a model
+    gets the same mask tensor, so the last one is remembered (by identity and version)
+    rather than read again per layer."""
+    global _last_mask
+    last = _last_mask
+    if last is not None and last[0] is mask and last[1:4] == (mask._version, sq, sk):
+        return last[4]
+    options = mask_options(mask, sq, sk, lambda m: m)
+    said = (options, _padded(mask) if isinstance(options, str) else None)
+    _last_mask = (mask, mask._version, sq, sk, said)
+    return said
 
 
 def _padded(mask):
