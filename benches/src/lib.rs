@@ -55,6 +55,14 @@ pub const BASELINE_CHECKS: &[(&str, &str)] = &[
         "heads=2,kv_heads=1,q_len=30,kv_len=30,causal=true,window=7,softcap=5",
     ),
     (
+        "flash_attention",
+        "batch=2,heads=2,kv_heads=1,q_len=20,kv_len=27,causal=true,mask=batch",
+    ),
+    (
+        "flash_attention_bwd",
+        "batch=2,heads=2,kv_heads=2,q_len=19,kv_len=24,softcap=3,mask=shared",
+    ),
+    (
         "paged_attention",
         "batch=3,heads=4,kv_heads=2,head_dim=16,page_size=4,num_pages=9,max_pages=5",
     ),

@@ -38,7 +38,7 @@ impl TorchBaseline {
                 vec![x * cos + rotated * sin]
             },
             "flash_attention" if masked_or_capped(params) => {
-                |t, p| vec![attention_math(&t[0], &t[1], &t[2], p)]
+                |t, p| vec![attention_math(&t[0], &t[1], &t[2], t.get(3), p)]
             }
             "flash_attention_bwd" if masked_or_capped(params) => math_backward,
             "flash_attention" => |t, p| {
@@ -254,16 +254,17 @@ fn per_sequence_sdpa_backward(t: &[Tensor], p: &Params) -> Vec<Tensor> {
     vec![dq, dk, dv]
 }
 
-/// Whether attention has a sliding window or a soft-cap, which PyTorch's SDPA kernels do
-/// not take.
+/// Whether attention has a sliding window, a soft-cap or a score mask, which PyTorch's
+/// flash SDPA kernels do not take.
 fn masked_or_capped(p: &Params) -> bool {
-    window(p).is_some() || softcap(p).is_some()
+    window(p).is_some() || softcap(p).is_some() || p.get("mask").is_some_and(|m| m != "none")
 }
 
 /// Attention with a sliding window and soft-capping the way a PyTorch user computes it:
 /// SDPA with a boolean mask for a window alone, else the scores in plain ops (GQA
-/// repeats k/v). A query that sees no key gives 0, as in Tessera's kernel.
-fn attention_math(q: &Tensor, k: &Tensor, v: &Tensor, p: &Params) -> Tensor {
+/// repeats k/v); an additive score mask `[B or 1, 1, Sq, Sk]` is added to the scores. A
+/// query that sees no key gives 0, as in Tessera's kernel.
+fn attention_math(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, p: &Params) -> Tensor {
     let (sq, sk, d) = (q.size()[2], k.size()[2], q.size()[3]);
     let groups = q.size()[1] / k.size()[1];
     let (k, v) = (
@@ -280,36 +281,56 @@ fn attention_math(q: &Tensor, k: &Tensor, v: &Tensor, p: &Params) -> Tensor {
         visible = visible.logical_and(&(&j + w as i64).greater_equal_tensor(&i));
     }
     let scale = scale(p).unwrap_or(1.0 / (d as f64).sqrt());
-    let Some(cap) = softcap(p) else {
-        let out = Tensor::scaled_dot_product_attention(
-            q,
-            &k,
-            &v,
-            Some(&visible),
-            0.0,
-            false,
-            Some(scale),
-            false,
-        );
-        return out.nan_to_num(0.0, None, None);
+    let (None, None) = (softcap(p), mask) else {
+        return scores_math(q, &k, &v, &visible, mask, scale, softcap(p));
     };
-    let scores = q.matmul(&k.transpose(-1, -2)) * scale;
-    let scores = (scores / cap).tanh() * cap;
-    let probs = scores
-        .masked_fill(&visible.logical_not(), f64::NEG_INFINITY)
-        .softmax(-1, None::<Kind>)
-        .nan_to_num(0.0, None, None);
-    probs.matmul(&v)
+    let out = Tensor::scaled_dot_product_attention(
+        q,
+        &k,
+        &v,
+        Some(&visible),
+        0.0,
+        false,
+        Some(scale),
+        false,
+    );
+    out.nan_to_num(0.0, None, None)
 }
 
-/// The backward of [`attention_math`] by PyTorch's autograd: `q, k, v, do` -> `dq, dk, dv`.
+/// Attention as plain ops on the scores: scaled, soft-capped, plus the additive `mask`,
+/// hidden where `visible` is false; rows that see no key give 0 (and gradients 0, not
+/// the NaN a softmax over `-inf` gives).
+fn scores_math(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    visible: &Tensor,
+    mask: Option<&Tensor>,
+    scale: f64,
+    cap: Option<f64>,
+) -> Tensor {
+    let mut scores = q.matmul(&k.transpose(-1, -2)) * scale;
+    if let Some(cap) = cap {
+        scores = (scores / cap).tanh() * cap;
+    }
+    if let Some(mask) = mask {
+        scores += mask;
+    }
+    let scores = scores.masked_fill(&visible.logical_not(), f64::NEG_INFINITY);
+    let empty = scores.amax([-1].as_slice(), true).eq(f64::NEG_INFINITY);
+    let probs = scores.masked_fill(&empty, 0.0).softmax(-1, None::<Kind>);
+    probs.masked_fill(&empty, 0.0).matmul(v)
+}
+
+/// The backward of [`attention_math`] by PyTorch's autograd: `q, k, v, do[, mask]` ->
+/// `dq, dk, dv`.
 fn math_backward(t: &[Tensor], p: &Params) -> Vec<Tensor> {
     tch::with_grad(|| {
         let leaves: Vec<Tensor> = t[..3]
             .iter()
             .map(|x| x.detach().set_requires_grad(true))
             .collect();
-        let out = attention_math(&leaves[0], &leaves[1], &leaves[2], p);
+        let out = attention_math(&leaves[0], &leaves[1], &leaves[2], t.get(4), p);
         let loss = (out * &t[3]).sum(None::<Kind>);
         Tensor::run_backward(&[loss], &leaves, false, false)
     })

@@ -188,6 +188,10 @@ pub fn module(name: &str, p: &Params) -> Result<Option<String>, kernels::BoxErro
         }
         "flash_attention" => {
             let c = AttentionConfig::from_params(p)?;
+            if c.mask.is_some() {
+                // A score mask is an input the plain twin does not declare: no baseline.
+                return Ok(None);
+            }
             let group = c.heads / c.kv_heads;
             let qs = [c.batch, c.heads, c.q_len, c.head_dim];
             let ks = [c.batch, c.kv_heads, c.kv_len, c.head_dim];

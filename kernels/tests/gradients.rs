@@ -17,7 +17,7 @@ fn interp(k: &Kernel, inputs: &[Array]) -> Result<Vec<Array>, BoxError> {
 
 /// `sum(o * do)` with o from the f64 reference forward.
 fn loss(c: &AttentionConfig, q: &[f64], k: &[f64], v: &[f64], d_o: &[f64]) -> f64 {
-    let (o, _, _) = kernels::reference_forward(c, q, k, v).unwrap();
+    let (o, _, _) = kernels::reference_forward(c, q, k, v, None).unwrap();
     o.iter().zip(d_o).map(|(a, b)| a * b).sum()
 }
 

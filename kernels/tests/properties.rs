@@ -105,6 +105,7 @@ fn attention_case() -> impl Strategy<Value = Vec<(&'static str, String)>> {
                 2 => Just("none".to_string()),
                 1 => Just("2.5".to_string())
             ],
+            prop_oneof![Just("none"), Just("batch"), Just("shared")],
         ),
     )
         .prop_map(
@@ -119,11 +120,12 @@ fn attention_case() -> impl Strategy<Value = Vec<(&'static str, String)>> {
                 causal,
                 dtype,
                 scale,
-                (window, softcap),
+                (window, softcap, mask),
             )| {
                 vec![
                     ("window", window),
                     ("softcap", softcap),
+                    ("mask", mask.to_string()),
                     ("batch", batch.to_string()),
                     ("heads", heads.to_string()),
                     ("kv_heads", kv_heads.to_string()),
@@ -223,6 +225,27 @@ fn attention_edge_cases() {
             ("block_q", "8"),
             ("block_k", "16"),
             ("dtype", "bf16"),
+        ],
+        // Score masks: ragged blocks on both sequences with a per-entry mask and the
+        // causal mask on top; a shared mask on the fused backward's tiling.
+        &[
+            ("batch", "2"),
+            ("q_len", "37"),
+            ("kv_len", "45"),
+            ("causal", "true"),
+            ("mask", "batch"),
+            ("block_q", "16"),
+            ("block_k", "16"),
+        ],
+        &[
+            ("batch", "2"),
+            ("heads", "4"),
+            ("kv_heads", "2"),
+            ("q_len", "32"),
+            ("kv_len", "64"),
+            ("mask", "shared"),
+            ("block_q", "16"),
+            ("block_k", "32"),
         ],
         &[
             ("head_dim", "128"),

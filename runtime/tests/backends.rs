@@ -141,11 +141,13 @@ proptest! {
                        q_len in prop_oneof![Just(1u64), 2u64..=70], kv_len in prop_oneof![Just(1u64), 2u64..=70],
                        causal in any::<bool>(), bf16 in any::<bool>(),
                        window in prop_oneof![Just("none".to_string()), (0u64..=40).prop_map(|w| w.to_string())],
-                       softcap in prop_oneof![Just("none"), Just("3.0")], seed in 0u64..100) {
-        let case = [("heads", heads.0.to_string()), ("kv_heads", heads.1.to_string()), ("q_len", q_len.to_string()),
+                       softcap in prop_oneof![Just("none"), Just("3.0")],
+                       mask in prop_oneof![Just("none"), Just("batch"), Just("shared")], seed in 0u64..100) {
+        let case = [("batch", "2".into()), ("heads", heads.0.to_string()), ("kv_heads", heads.1.to_string()),
+            ("q_len", q_len.to_string()),
             ("kv_len", kv_len.to_string()), ("head_dim", "32".into()), ("block_q", "16".into()), ("block_k", "32".into()),
             ("causal", causal.to_string()), ("dtype", if bf16 { "bf16" } else { "f32" }.into()),
-            ("window", window), ("softcap", softcap.into())];
+            ("window", window), ("softcap", softcap.into()), ("mask", mask.into())];
         all_match("flash_attention", &case, seed)?;
         all_match("flash_attention_bwd", &case, seed)?;
     }
@@ -157,12 +159,15 @@ proptest! {
                                       q_blocks in 1u64..=4, kv_blocks in 1u64..=3, causal in any::<bool>(),
                                       bf16 in any::<bool>(),
                                       window in prop_oneof![Just("none".to_string()), (0u64..=40).prop_map(|w| w.to_string())],
-                                      softcap in prop_oneof![Just("none"), Just("3.0")], seed in 0u64..100) {
+                                      softcap in prop_oneof![Just("none"), Just("3.0")],
+                                      mask in prop_oneof![Just("none"), Just("batch"), Just("shared")],
+                                      seed in 0u64..100) {
         let batch = if heads.1 == 1 { 2 } else { batch };
         let case = [("batch", batch.to_string()), ("heads", heads.0.to_string()), ("kv_heads", heads.1.to_string()),
             ("q_len", (16 * q_blocks).to_string()), ("kv_len", (32 * kv_blocks).to_string()), ("head_dim", "32".into()),
             ("block_q", "16".into()), ("block_k", "32".into()), ("causal", causal.to_string()),
-            ("dtype", if bf16 { "bf16" } else { "f32" }.into()), ("window", window), ("softcap", softcap.into())];
+            ("dtype", if bf16 { "bf16" } else { "f32" }.into()), ("window", window), ("softcap", softcap.into()),
+            ("mask", mask.into())];
         let pairs: Vec<(&str, &str)> = case.iter().map(|(a, b)| (*a, b.as_str())).collect();
         let p = Params::with(FlashAttentionBwd::PARAMS, &pairs).unwrap();
         prop_assert!(FlashAttentionBwd::config(&p).unwrap().fuses_backward());

@@ -5,7 +5,9 @@
 use kernel_ir::dsl::prelude::*;
 use kernel_macros::{kernel, kernel_fn};
 
-use super::fwd::{key_blocks, mask_scores, mxu_input, soft_cap};
+use super::fwd::{
+    add_bias, key_blocks, mask_scores, mask_tile, mxu_input, query_block_mask, soft_cap,
+};
 use super::AttentionConfig;
 use crate::common::load_tile;
 
@@ -49,7 +51,8 @@ pub(crate) fn flash_attention_bwd_delta(
     }
 }
 
-/// `p` and `ds` (the gradient of the scaled scores) of one (query block, key block) tile.
+/// `p` and `ds` (the gradient of the scaled scores) of one (query block, key block)
+/// tile; `bias` is the tile of the score mask, if any.
 #[allow(clippy::too_many_arguments)]
 fn probs_and_grad(
     qb: Tensor,
@@ -62,14 +65,17 @@ fn probs_and_grad(
     k0: Tensor,
     rows: u64,
     cols: u64,
+    bias: Option<Tensor>,
     c: AttentionConfig,
 ) -> (Tensor, Tensor) {
     let (scores, tanh) = soft_cap(dot_general(qb, kb, false, true) * c.scale, c);
-    let scores = mask_scores(scores, rows, cols, q0, k0, c);
-    // A query that a window leaves without keys has lse = -inf: its p must be 0.
-    let lse_b = match c.window {
-        Some(_) => select(lse_b.eq(f64::NEG_INFINITY), 0.0, lse_b),
-        None => lse_b,
+    let scores = mask_scores(add_bias(scores, bias), rows, cols, q0, k0, c);
+    // A query that a window or the mask leaves without keys has lse = -inf: its p must
+    // be 0.
+    let lse_b = if c.window.is_some() || c.mask.is_some() {
+        select(lse_b.eq(f64::NEG_INFINITY), 0.0, lse_b)
+    } else {
+        lse_b
     };
     let p = (scores - lse_b.expand_dims(1)).exp();
     let dp = dot_general(dob, vb, false, true);
@@ -93,11 +99,15 @@ fn dq_step(
     k0: Tensor,
     size: u64,
     dq: Tensor,
+    mask: Option<Ref>,
     c: AttentionConfig,
 ) -> Tensor {
     let kb = k.load(s![ds(k0, size), ..]);
     let vb = v.load(s![ds(k0, size), ..]);
-    let (_p, ds) = probs_and_grad(qb, kb, vb, dob, lse_b, delta_b, q0, k0, c.block_q, size, c);
+    let bias = query_block_mask(mask, q0, k0, size, c);
+    let (_p, ds) = probs_and_grad(
+        qb, kb, vb, dob, lse_b, delta_b, q0, k0, c.block_q, size, bias, c,
+    );
     dq + mxu_input(ds, c.dtype).dot(kb)
 }
 
@@ -111,6 +121,7 @@ pub(crate) fn flash_attention_bwd_dq(
     lse: Ref,
     delta: Ref,
     dq: Ref,
+    #[comptime] mask: Option<Ref>,
     #[comptime] c: AttentionConfig,
 ) {
     let (bq, bk, d) = (c.block_q, c.block_k, c.head_dim);
@@ -124,7 +135,7 @@ pub(crate) fn flash_attention_bwd_dq(
     let blocks = key_blocks(q0, full_blocks, c);
     let mut acc = zeros([bq, d], DType::F32);
     for j in blocks.first..blocks.upper {
-        acc = dq_step(qb, dob, lse_b, delta_b, k, v, q0, j * bk, bk, acc, c);
+        acc = dq_step(qb, dob, lse_b, delta_b, k, v, q0, j * bk, bk, acc, mask, c);
     }
     if tail > 0 {
         acc = dq_step(
@@ -138,6 +149,7 @@ pub(crate) fn flash_attention_bwd_dq(
             index((full_blocks * bk) as i64),
             tail,
             acc,
+            mask,
             c,
         );
     }
@@ -151,6 +163,20 @@ fn query_blocks_upper(k0: Tensor, full_blocks: u64, c: AttentionConfig) -> Tenso
         Some(w) => ((k0 + (c.block_k - 1 + w)) / c.block_q + 1).minimum(full_blocks),
         None => index(full_blocks as i64),
     }
+}
+
+/// The mask of queries `[q0, q0 + size)` against a key block: rows of the block's
+/// `[q_len, block_k]` mask; keys past `kv_len` read 0 (dk/dv kernel).
+fn key_block_mask(
+    mask: Option<Ref>,
+    q0: Tensor,
+    size: u64,
+    k0: Tensor,
+    c: AttentionConfig,
+) -> Option<Tensor> {
+    let cols = c.block_k;
+    let valid = (!c.kv_len.is_multiple_of(cols)).then(|| (iota([size, cols], 1) + k0).lt(c.kv_len));
+    mask_tile(mask, q0, index(0), size, cols, valid)
 }
 
 /// dk/dv accumulation over queries `[q0, q0 + size)` of query head `g` of the group.
@@ -167,6 +193,7 @@ fn dkdv_step(
     vb: Tensor,
     k0: Tensor,
     state: (Tensor, Tensor),
+    mask: Option<Ref>,
     c: AttentionConfig,
 ) -> (Tensor, Tensor) {
     let (dk, dv) = state;
@@ -174,7 +201,10 @@ fn dkdv_step(
     let dob = d_o.load(s![g, ds(q0, size), ..]);
     let lse_b = lse.load(s![g, ds(q0, size), 0]);
     let delta_b = delta.load(s![g, ds(q0, size), 0]);
-    let (p, ds) = probs_and_grad(qb, kb, vb, dob, lse_b, delta_b, q0, k0, size, c.block_k, c);
+    let bias = key_block_mask(mask, q0, size, k0, c);
+    let (p, ds) = probs_and_grad(
+        qb, kb, vb, dob, lse_b, delta_b, q0, k0, size, c.block_k, bias, c,
+    );
     let dv_new = dv + dot_general(mxu_input(p, c.dtype), dob, true, false);
     let dk_new = dk + dot_general(mxu_input(ds, c.dtype), qb, true, false);
     (dk_new, dv_new)
@@ -192,6 +222,7 @@ pub(crate) fn flash_attention_bwd_dkdv(
     delta: Ref,
     dk: Ref,
     dv: Ref,
+    #[comptime] mask: Option<Ref>,
     #[comptime] c: AttentionConfig,
 ) {
     let (bq, bk, d) = (c.block_q, c.block_k, c.head_dim);
@@ -222,6 +253,7 @@ pub(crate) fn flash_attention_bwd_dkdv(
                 vb,
                 k0,
                 (dk_acc, dv_acc),
+                mask,
                 c,
             );
         }
@@ -239,6 +271,7 @@ pub(crate) fn flash_attention_bwd_dkdv(
                 vb,
                 k0,
                 (dk_acc, dv_acc),
+                mask,
                 c,
             );
         }
@@ -263,12 +296,16 @@ fn fused_step(
     q0: Tensor,
     k0: Tensor,
     dq: Tensor,
+    mask: Option<Ref>,
     c: AttentionConfig,
 ) -> Tensor {
     let bk = c.block_k;
     let kb = k.load(s![ds(k0, bk), ..]);
     let vb = v.load(s![ds(k0, bk), ..]);
-    let (p, grad) = probs_and_grad(qb, kb, vb, dob, lse_b, delta_b, q0, k0, c.block_q, bk, c);
+    let bias = mask_tile(mask, q0, k0, c.block_q, bk, None);
+    let (p, grad) = probs_and_grad(
+        qb, kb, vb, dob, lse_b, delta_b, q0, k0, c.block_q, bk, bias, c,
+    );
     fused_grads(
         (p, grad),
         (qb, dob, kb),
@@ -328,6 +365,7 @@ pub(crate) fn flash_attention_bwd_fused(
     dv: Ref,
     dk_acc: Ref,
     dv_acc: Ref,
+    #[comptime] mask: Option<Ref>,
     #[comptime] c: AttentionConfig,
 ) {
     let (bq, d) = (c.block_q, c.head_dim);
@@ -359,6 +397,7 @@ pub(crate) fn flash_attention_bwd_fused(
                     q0,
                     j * c.block_k,
                     dq_acc,
+                    mask,
                     c,
                 );
             }

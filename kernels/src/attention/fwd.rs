@@ -34,6 +34,46 @@ pub(crate) fn mask_scores(
     select(visible, s, MASK_VALUE)
 }
 
+/// A `[rows, cols]` tile of the score mask's block (`None` without a mask) whose first
+/// row and column in the block are `r0`, `c0`; lanes where `valid` is false (past the
+/// mask's edge) read 0.
+pub(crate) fn mask_tile(
+    mask: Option<Ref>,
+    r0: Tensor,
+    c0: Tensor,
+    rows: u64,
+    cols: u64,
+    valid: Option<Tensor>,
+) -> Option<Tensor> {
+    let slices = s![ds(r0, rows), ds(c0, cols)];
+    Some(match valid {
+        Some(lanes) => mask?.load_masked(slices, lanes, 0.0),
+        None => mask?.load(slices),
+    })
+}
+
+/// The mask of a query block's scores against keys `[k0, k0 + size)`: columns of the
+/// block's `[block_q, kv_len]` mask; rows past `q_len` read 0 (forward and dq kernels).
+pub(crate) fn query_block_mask(
+    mask: Option<Ref>,
+    q0: Tensor,
+    k0: Tensor,
+    size: u64,
+    c: AttentionConfig,
+) -> Option<Tensor> {
+    let rows = c.block_q;
+    let valid = (!c.q_len.is_multiple_of(rows)).then(|| (iota([rows, size], 0) + q0).lt(c.q_len));
+    mask_tile(mask, index(0), k0, rows, size, valid)
+}
+
+/// `s + bias`, or `s` without a mask.
+pub(crate) fn add_bias(s: Tensor, bias: Option<Tensor>) -> Tensor {
+    match bias {
+        Some(b) => s + b,
+        None => s,
+    }
+}
+
 /// Soft-capped scores `softcap * tanh(s / softcap)` and `tanh(s / softcap)` (the
 /// backward's derivative needs it), or `s` unchanged without a cap.
 pub(crate) fn soft_cap(s: Tensor, c: AttentionConfig) -> (Tensor, Option<Tensor>) {
@@ -98,7 +138,8 @@ pub(crate) fn key_blocks(q0: Tensor, full_blocks: u64, c: AttentionConfig) -> Ke
 
 /// One step of the online softmax over keys `[k0, k0 + size)`; `masked` applies the
 /// causal and window masks (blocks every query sees whole need none). `q` comes with
-/// its share of the scale ([`scale_split`]).
+/// its share of the scale ([`scale_split`]); the score mask, if any, applies to every
+/// block.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 fn attend(
@@ -110,6 +151,7 @@ fn attend(
     q0: Tensor,
     state: (Tensor, Tensor, Tensor),
     masked: bool,
+    mask: Option<Ref>,
     c: AttentionConfig,
 ) -> (Tensor, Tensor, Tensor) {
     let (m, l, acc) = state;
@@ -120,7 +162,10 @@ fn attend(
     if score_factor != 1.0 {
         scores *= score_factor;
     }
-    scores = soft_cap(scores, c).0;
+    scores = add_bias(
+        soft_cap(scores, c).0,
+        query_block_mask(mask, q0, k0, size, c),
+    );
     if masked {
         scores = mask_scores(scores, c.block_q, size, q0, k0, c);
     }
@@ -165,6 +210,7 @@ pub(crate) fn flash_attention_fwd(
     v: Ref,
     o: Ref,
     lse: Ref,
+    #[comptime] mask: Option<Ref>,
     #[comptime] c: AttentionConfig,
 ) {
     let (bq, bk) = (c.block_q, c.block_k);
@@ -184,15 +230,15 @@ pub(crate) fn flash_attention_fwd(
     let mut acc = zeros([bq, c.head_dim], DType::F32);
     if windowed(c) {
         for j in blocks.first..blocks.from {
-            (m, l, acc) = attend(qb, k, v, j * bk, bk, q0, (m, l, acc), true, c);
+            (m, l, acc) = attend(qb, k, v, j * bk, bk, q0, (m, l, acc), true, mask, c);
         }
     }
     for j in blocks.from..blocks.to {
-        (m, l, acc) = attend(qb, k, v, j * bk, bk, q0, (m, l, acc), false, c);
+        (m, l, acc) = attend(qb, k, v, j * bk, bk, q0, (m, l, acc), false, mask, c);
     }
     if c.causal {
         for j in blocks.to..blocks.upper {
-            (m, l, acc) = attend(qb, k, v, j * bk, bk, q0, (m, l, acc), true, c);
+            (m, l, acc) = attend(qb, k, v, j * bk, bk, q0, (m, l, acc), true, mask, c);
         }
     }
     if tail > 0 {
@@ -205,6 +251,7 @@ pub(crate) fn flash_attention_fwd(
             q0,
             (m, l, acc),
             masked(c),
+            mask,
             c,
         );
     }

@@ -6,6 +6,7 @@ pub(crate) mod bwd;
 pub(crate) mod fwd;
 
 use kernel_ir::dsl::prelude::*;
+use kernel_ir::dsl::{KernelBody, PallasCall};
 use kernel_ir::{AllocError, Array, DimSemantics};
 
 use crate::common::{block, built, pid, random_array, tolerance_for, zero, zeros_f64};
@@ -18,7 +19,8 @@ use crate::{BoxError, Chain, Exec, Op, ParamDef, Params, Source, Step, Tolerance
 /// sliding window of left size `w` (FlashAttention's `window_size=(w, ..)`) hides keys
 /// `j < i - w`, so with `causal` query `i` sees `w + 1` keys (Mistral's `sliding_window`
 /// is `w + 1`). Soft-capping (Gemma 2) replaces each scaled score `s` by
-/// `softcap * tanh(s / softcap)` before masking and softmax.
+/// `softcap * tanh(s / softcap)` before masking and softmax. An additive score mask
+/// ([`ScoreMask`]) is one more input, added to the (capped) scores before the softmax.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttentionConfig {
     /// Batch.
@@ -47,6 +49,32 @@ pub struct AttentionConfig {
     pub softcap: Option<f64>,
     /// Input and output dtype (f32 or bf16).
     pub dtype: DType,
+    /// An additive score mask input, and whether each batch entry has its own.
+    pub mask: Option<ScoreMask>,
+}
+
+/// An additive score mask: an f32 `[batch, 1, q_len, kv_len]` (or `[1, 1, q_len,
+/// kv_len]`) input added to every head's scaled, capped scores; `-inf` hides a key (a
+/// query that sees no key gives 0, as in PyTorch's SDPA). Padding and cache masks,
+/// which depend on the inputs, come this way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScoreMask {
+    /// One mask per batch entry: `[batch, 1, q_len, kv_len]`.
+    PerBatch,
+    /// One mask for the whole batch: `[1, 1, q_len, kv_len]`.
+    Shared,
+}
+
+impl ScoreMask {
+    /// The parameter's value (`none` for no mask).
+    pub fn parse(raw: &str) -> Result<Option<ScoreMask>, BoxError> {
+        match raw {
+            "none" | "" => Ok(None),
+            "batch" => Ok(Some(ScoreMask::PerBatch)),
+            "shared" => Ok(Some(ScoreMask::Shared)),
+            _ => Err(format!("`mask` must be none, batch or shared, got `{raw}`").into()),
+        }
+    }
 }
 
 const PARAMS: &[ParamDef] = &[
@@ -115,6 +143,11 @@ const PARAMS: &[ParamDef] = &[
         default: "f32",
         help: "f32 or bf16 (f32 accumulation)",
     },
+    ParamDef {
+        name: "mask",
+        default: "none",
+        help: "additive f32 score mask input: none, batch ([batch,1,q_len,kv_len]) or shared ([1,1,q_len,kv_len])",
+    },
 ];
 
 /// Blocks the tuner tries (forward and backward).
@@ -160,6 +193,7 @@ impl AttentionConfig {
             window: p.count_opt("window")?,
             softcap,
             dtype: p.dtype("dtype", &[DType::F32, DType::BF16])?,
+            mask: ScoreMask::parse(p.get("mask").unwrap_or("none"))?,
         })
     }
 
@@ -246,19 +280,62 @@ impl AttentionConfig {
         )
     }
 
-    /// The forward kernel: `(q, k, v) -> (o, lse)`.
+    /// The mask input's type, `[batch or 1, 1, q_len, kv_len]` f32, if there is one.
+    fn mask_type(&self) -> Option<TensorType> {
+        let batch = match self.mask? {
+            ScoreMask::PerBatch => self.batch,
+            ScoreMask::Shared => 1,
+        };
+        Some(TensorType::new(
+            DType::F32,
+            [batch, 1, self.q_len, self.kv_len],
+        ))
+    }
+
+    /// The mask input, blocked `[rows, cols]` (both squeezed dims leading): the grid's
+    /// first axis is the batch, `at` maps the program ids to the (row, col) block index.
+    fn mask_input(
+        &self,
+        rows: u64,
+        cols: u64,
+        at: impl Fn(&[IndexExpr]) -> [IndexExpr; 2] + 'static,
+    ) -> Option<(TensorType, BlockSpecFn)> {
+        let per_batch = self.mask? == ScoreMask::PerBatch;
+        let spec = block_spec([None, None, Some(rows), Some(cols)], move |i| {
+            let [row, col] = at(i);
+            let batch = if per_batch { pid(i, 0) } else { zero() };
+            vec![batch, zero(), row, col]
+        });
+        Some((self.mask_type()?, spec))
+    }
+
+    /// The mask of one query block, `[block_q, kv_len]` (forward and dq kernels).
+    fn mask_of_query_block(&self) -> Option<(TensorType, BlockSpecFn)> {
+        self.mask_input(self.block_q, self.kv_len, |i| [pid(i, 2), zero()])
+    }
+
+    /// The forward kernel: `(q, k, v[, mask]) -> (o, lse)`.
     pub fn forward(self) -> Result<Kernel, BoxError> {
         let c = self;
-        Ok(
-            pallas_call(move |q, k, v, o, lse| fwd::flash_attention_fwd(q, k, v, o, lse, c))
-                .grid(c.q_grid())
-                .input(c.q_type(), c.q_block())
-                .input(c.kv_type(), c.kv_whole())
-                .input(c.kv_type(), c.kv_whole())
-                .output(c.q_type(), c.q_block())
-                .output(c.rows_type(), c.rows_block())
-                .build()?,
-        )
+        let launch = Launch {
+            grid: c.q_grid().to_vec(),
+            inputs: vec![
+                (c.q_type(), c.q_block()),
+                (c.kv_type(), c.kv_whole()),
+                (c.kv_type(), c.kv_whole()),
+            ],
+            mask: c.mask_of_query_block(),
+            outputs: vec![(c.q_type(), c.q_block()), (c.rows_type(), c.rows_block())],
+            scratch: vec![],
+        };
+        match c.mask {
+            None => launch.build(pallas_call(move |q, k, v, o, lse| {
+                fwd::flash_attention_fwd(q, k, v, o, lse, None, c)
+            })),
+            Some(_) => launch.build(pallas_call(move |q, k, v, mask, o, lse| {
+                fwd::flash_attention_fwd(q, k, v, o, lse, Some(mask), c)
+            })),
+        }
     }
 
     /// `(o, do) -> delta = rowsum(do * o)`.
@@ -274,34 +351,57 @@ impl AttentionConfig {
         )
     }
 
-    /// `(q, k, v, do, lse, delta) -> dq`.
-    pub fn backward_dq(self) -> Result<Kernel, BoxError> {
-        let c = self;
-        Ok(pallas_call(move |q, k, v, d_o, lse, delta, dq| {
-            bwd::flash_attention_bwd_dq(q, k, v, d_o, lse, delta, dq, c)
-        })
-        .grid(c.q_grid())
-        .input(c.q_type(), c.q_block())
-        .input(c.kv_type(), c.kv_whole())
-        .input(c.kv_type(), c.kv_whole())
-        .input(c.q_type(), c.q_block())
-        .input(c.rows_type(), c.rows_block())
-        .input(c.rows_type(), c.rows_block())
-        .output(c.q_type(), c.q_block())
-        .build()?)
+    /// The backward kernels' inputs `(q, k, v, do, lse, delta)`: q, do, lse and delta
+    /// blocked by `q_rows` (query rows of a block: `[block_q, d]`, or the group's heads),
+    /// k and v by `kv_rows`.
+    fn grads_inputs(
+        &self,
+        q_rows: impl Fn(u64) -> BlockSpecFn,
+        kv_rows: impl Fn() -> BlockSpecFn,
+    ) -> Vec<(TensorType, BlockSpecFn)> {
+        let d = self.head_dim;
+        vec![
+            (self.q_type(), q_rows(d)),
+            (self.kv_type(), kv_rows()),
+            (self.kv_type(), kv_rows()),
+            (self.q_type(), q_rows(d)),
+            (self.rows_type(), q_rows(1)),
+            (self.rows_type(), q_rows(1)),
+        ]
     }
 
-    /// `(q, k, v, do, lse, delta) -> (dk, dv)`, one program per (batch, kv head, key block).
+    /// `(q, k, v, do, lse, delta[, mask]) -> dq`.
+    pub fn backward_dq(self) -> Result<Kernel, BoxError> {
+        let c = self;
+        let q_rows = |cols: u64| {
+            block_spec([None, None, Some(c.block_q), Some(cols)], |i| {
+                vec![pid(i, 0), pid(i, 1), pid(i, 2), zero()]
+            })
+        };
+        let launch = Launch {
+            grid: c.q_grid().to_vec(),
+            inputs: c.grads_inputs(q_rows, || c.kv_whole()),
+            mask: c.mask_of_query_block(),
+            outputs: vec![(c.q_type(), c.q_block())],
+            scratch: vec![],
+        };
+        match c.mask {
+            None => launch.build(pallas_call(move |q, k, v, d_o, lse, delta, dq| {
+                bwd::flash_attention_bwd_dq(q, k, v, d_o, lse, delta, dq, None, c)
+            })),
+            Some(_) => launch.build(pallas_call(move |q, k, v, d_o, lse, delta, mask, dq| {
+                bwd::flash_attention_bwd_dq(q, k, v, d_o, lse, delta, dq, Some(mask), c)
+            })),
+        }
+    }
+
+    /// `(q, k, v, do, lse, delta[, mask]) -> (dk, dv)`, one program per (batch, kv head,
+    /// key block).
     pub fn backward_dkdv(self) -> Result<Kernel, BoxError> {
         let c = self;
         let group = c.group();
-        let q_group = || {
-            block_spec([None, Some(group), Some(c.q_len), Some(c.head_dim)], |i| {
-                vec![pid(i, 0), pid(i, 1), zero(), zero()]
-            })
-        };
-        let rows_group = || {
-            block_spec([None, Some(group), Some(c.q_len), Some(1)], |i| {
+        let q_group = |cols: u64| {
+            block_spec([None, Some(group), Some(c.q_len), Some(cols)], |i| {
                 vec![pid(i, 0), pid(i, 1), zero(), zero()]
             })
         };
@@ -310,20 +410,23 @@ impl AttentionConfig {
                 vec![pid(i, 0), pid(i, 1), pid(i, 2), zero()]
             })
         };
-        Ok(pallas_call(move |q, k, v, d_o, lse, delta, dk, dv| {
-            bwd::flash_attention_bwd_dkdv(q, k, v, d_o, lse, delta, dk, dv, c)
-        })
-        .grid([c.batch, c.kv_heads, c.kv_len.div_ceil(c.block_k)])
-        .dimension_semantics([DimSemantics::Parallel; 3])
-        .input(c.q_type(), q_group())
-        .input(c.kv_type(), kv_block())
-        .input(c.kv_type(), kv_block())
-        .input(c.q_type(), q_group())
-        .input(c.rows_type(), rows_group())
-        .input(c.rows_type(), rows_group())
-        .output(c.kv_type(), kv_block())
-        .output(c.kv_type(), kv_block())
-        .build()?)
+        let launch = Launch {
+            grid: vec![c.batch, c.kv_heads, c.kv_len.div_ceil(c.block_k)],
+            inputs: c.grads_inputs(q_group, kv_block),
+            mask: c.mask_input(c.q_len, c.block_k, |i| [zero(), pid(i, 2)]),
+            outputs: vec![(c.kv_type(), kv_block()), (c.kv_type(), kv_block())],
+            scratch: vec![],
+        };
+        match c.mask {
+            None => launch.build(pallas_call(move |q, k, v, d_o, lse, delta, dk, dv| {
+                bwd::flash_attention_bwd_dkdv(q, k, v, d_o, lse, delta, dk, dv, None, c)
+            })),
+            Some(_) => launch.build(pallas_call(
+                move |q, k, v, d_o, lse, delta, mask, dk, dv| {
+                    bwd::flash_attention_bwd_dkdv(q, k, v, d_o, lse, delta, dk, dv, Some(mask), c)
+                },
+            )),
+        }
     }
 
     /// Whether the backward runs as one fused kernel ([`Self::backward_fused`]): the
@@ -335,13 +438,13 @@ impl AttentionConfig {
             && self.batch * self.kv_heads >= 2
     }
 
-    /// `(q, k, v, do, lse, delta) -> (dq, dk, dv)` in one pass, one program per (batch,
-    /// kv head).
+    /// `(q, k, v, do, lse, delta[, mask]) -> (dq, dk, dv)` in one pass, one program per
+    /// (batch, kv head).
     pub fn backward_fused(self) -> Result<Kernel, BoxError> {
         let c = self;
         let group = c.group();
-        let per_kv_head = |rows: u64, cols: u64| {
-            block_spec([None, Some(group), Some(rows), Some(cols)], |i| {
+        let per_kv_head = |cols: u64| {
+            block_spec([None, Some(group), Some(c.q_len), Some(cols)], |i| {
                 vec![pid(i, 0), pid(i, 1), zero(), zero()]
             })
         };
@@ -351,27 +454,45 @@ impl AttentionConfig {
             })
         };
         let acc = TensorType::new(DType::F32, [c.kv_len, c.head_dim]);
-        Ok(pallas_call(
-            move |q, k, v, d_o, lse, delta, dq, dk, dv, dk_acc, dv_acc| {
-                bwd::flash_attention_bwd_fused(
-                    q, k, v, d_o, lse, delta, dq, dk, dv, dk_acc, dv_acc, c,
-                )
-            },
-        )
-        .grid([c.batch, c.kv_heads])
-        .dimension_semantics([DimSemantics::Parallel; 2])
-        .input(c.q_type(), per_kv_head(c.q_len, c.head_dim))
-        .input(c.kv_type(), kv_whole())
-        .input(c.kv_type(), kv_whole())
-        .input(c.q_type(), per_kv_head(c.q_len, c.head_dim))
-        .input(c.rows_type(), per_kv_head(c.q_len, 1))
-        .input(c.rows_type(), per_kv_head(c.q_len, 1))
-        .output(c.q_type(), per_kv_head(c.q_len, c.head_dim))
-        .output(c.kv_type(), kv_whole())
-        .output(c.kv_type(), kv_whole())
-        .scratch(acc.clone())
-        .scratch(acc)
-        .build()?)
+        let launch = Launch {
+            grid: vec![c.batch, c.kv_heads],
+            inputs: c.grads_inputs(per_kv_head, kv_whole),
+            mask: c.mask_input(c.q_len, c.kv_len, |_| [zero(), zero()]),
+            outputs: vec![
+                (c.q_type(), per_kv_head(c.head_dim)),
+                (c.kv_type(), kv_whole()),
+                (c.kv_type(), kv_whole()),
+            ],
+            scratch: vec![acc.clone(), acc],
+        };
+        match c.mask {
+            None => launch.build(pallas_call(
+                move |q, k, v, d_o, lse, delta, dq, dk, dv, dk_acc, dv_acc| {
+                    bwd::flash_attention_bwd_fused(
+                        q, k, v, d_o, lse, delta, dq, dk, dv, dk_acc, dv_acc, None, c,
+                    )
+                },
+            )),
+            Some(_) => launch.build(pallas_call(
+                move |q, k, v, d_o, lse, delta, mask, dq, dk, dv, dk_acc, dv_acc| {
+                    bwd::flash_attention_bwd_fused(
+                        q,
+                        k,
+                        v,
+                        d_o,
+                        lse,
+                        delta,
+                        dq,
+                        dk,
+                        dv,
+                        dk_acc,
+                        dv_acc,
+                        Some(mask),
+                        c,
+                    )
+                },
+            )),
+        }
     }
 
     fn qkv(&self, seed: u64) -> Result<Vec<Array>, BoxError> {
@@ -380,6 +501,65 @@ impl AttentionConfig {
             random_array(self.dtype, &self.kv_type().shape, seed + 1, 1.0)?,
             random_array(self.dtype, &self.kv_type().shape, seed + 2, 1.0)?,
         ])
+    }
+
+    /// A random score mask, if the config has one: about a quarter of the keys hidden
+    /// (`-inf`), a tenth biased by -1, the rest 0, and the first query of the first entry
+    /// seeing no key.
+    fn random_mask(&self, seed: u64) -> Result<Option<Array>, BoxError> {
+        let Some(ty) = self.mask_type() else {
+            return Ok(None);
+        };
+        let noise = random_array(DType::F32, &ty.shape, seed, 1.0)?.try_to_f64("mask")?;
+        let kv_len = self.kv_len as usize;
+        let values = noise
+            .iter()
+            .enumerate()
+            .map(|(at, &u)| match u {
+                _ if at < kv_len => f32::NEG_INFINITY,
+                u if u < -0.5 => f32::NEG_INFINITY,
+                u if u < -0.3 => -1.0,
+                _ => 0.0,
+            })
+            .collect();
+        Ok(Some(Array::from_f32(DType::F32, ty.shape, values)?))
+    }
+
+    /// The inputs' score mask (the last input, when the config has one) as f64.
+    fn mask_values(&self, inputs: &[Array]) -> Result<Option<Vec<f64>>, BoxError> {
+        match (self.mask, inputs.last()) {
+            (Some(_), Some(mask)) => Ok(Some(mask.try_to_f64("mask")?)),
+            _ => Ok(None),
+        }
+    }
+}
+
+/// What a kernel launch declares, in order: grid, inputs, the mask input (if any, after
+/// the inputs), outputs and scratch. As data, so one declaration serves the two bodies
+/// of a kernel (with and without the mask ref), whose closure types differ.
+struct Launch {
+    grid: Vec<u64>,
+    inputs: Vec<(TensorType, BlockSpecFn)>,
+    mask: Option<(TensorType, BlockSpecFn)>,
+    outputs: Vec<(TensorType, BlockSpecFn)>,
+    scratch: Vec<TensorType>,
+}
+
+impl Launch {
+    /// Declares everything on `call` (every grid axis parallel) and builds it.
+    fn build<A, F: KernelBody<A>>(self, call: PallasCall<A, F>) -> Result<Kernel, BoxError> {
+        let semantics = vec![DimSemantics::Parallel; self.grid.len()];
+        let mut call = call.grid(self.grid).dimension_semantics(semantics);
+        for (ty, spec) in self.inputs.into_iter().chain(self.mask) {
+            call = call.input(ty, spec);
+        }
+        for (ty, spec) in self.outputs {
+            call = call.output(ty, spec);
+        }
+        for ty in self.scratch {
+            call = call.scratch(ty);
+        }
+        Ok(call.build()?)
     }
 }
 
@@ -399,12 +579,13 @@ fn windowed(c: AttentionConfig) -> bool {
 pub type ReferenceForward = (Vec<f64>, Vec<f64>, Vec<Vec<f64>>);
 
 /// Plain f64 attention: returns `(o, lse, p)` with `p[b][h]` the `[q_len, kv_len]`
-/// probabilities.
+/// probabilities; `mask` is the score mask's values when `c.mask` is set.
 pub fn reference_forward(
     c: &AttentionConfig,
     q: &[f64],
     k: &[f64],
     v: &[f64],
+    mask: Option<&[f64]>,
 ) -> Result<ReferenceForward, AllocError> {
     let (sq, sk, d) = (c.q_len as usize, c.kv_len as usize, c.head_dim as usize);
     let mut o = zeros_f64("output", q.len())?;
@@ -421,6 +602,7 @@ pub fn reference_forward(
                     .map(|j| {
                         if c.visible(i, j) {
                             c.capped(score(c, q, k, qo + i * d, ko + j * d)).0
+                                + c.bias(mask, b, i, j)
                         } else {
                             f64::NEG_INFINITY
                         }
@@ -448,22 +630,36 @@ pub fn reference_forward(
     Ok((o, lse, probs))
 }
 
+impl AttentionConfig {
+    /// The score mask's value for batch entry `b`, query `i`, key `j` (0 without one).
+    fn bias(&self, mask: Option<&[f64]>, b: usize, i: usize, j: usize) -> f64 {
+        let (Some(kind), Some(mask)) = (self.mask, mask) else {
+            return 0.0;
+        };
+        let entry = if kind == ScoreMask::PerBatch { b } else { 0 };
+        let (sq, sk) = (self.q_len as usize, self.kv_len as usize);
+        mask[(entry * sq + i) * sk + j]
+    }
+}
+
 /// The scaled score of the query row starting at `q[qi]` and the key row at `k[kj]`.
 fn score(c: &AttentionConfig, q: &[f64], k: &[f64], qi: usize, kj: usize) -> f64 {
     let d = c.head_dim as usize;
     (0..d).map(|t| q[qi + t] * k[kj + t]).sum::<f64>() * c.scale
 }
 
-/// Plain f64 attention gradients `(dq, dk, dv)` for output gradient `d_o`.
+/// Plain f64 attention gradients `(dq, dk, dv)` for output gradient `d_o` (`mask` as
+/// for [`reference_forward`]).
 pub fn reference_backward(
     c: &AttentionConfig,
     q: &[f64],
     k: &[f64],
     v: &[f64],
     d_o: &[f64],
+    mask: Option<&[f64]>,
 ) -> Result<[Vec<f64>; 3], AllocError> {
     let (sq, sk, d) = (c.q_len as usize, c.kv_len as usize, c.head_dim as usize);
-    let (o, _, probs) = reference_forward(c, q, k, v)?;
+    let (o, _, probs) = reference_forward(c, q, k, v, mask)?;
     let mut dq = zeros_f64("dq", q.len())?;
     let mut dk = zeros_f64("dk", k.len())?;
     let mut dv = zeros_f64("dv", v.len())?;
@@ -515,8 +711,11 @@ impl Op for FlashAttention {
         Ok(vec![c.forward()?])
     }
 
+    /// `(q, k, v[, mask])`.
     fn inputs(c: &Self::Config, seed: u64) -> Result<Vec<Array>, BoxError> {
-        c.qkv(seed)
+        let mut inputs = c.qkv(seed)?;
+        inputs.extend(c.random_mask(seed + 4)?);
+        Ok(inputs)
     }
 
     fn reference(c: &Self::Config, inputs: &[Array]) -> Result<Vec<Vec<f64>>, BoxError> {
@@ -525,6 +724,7 @@ impl Op for FlashAttention {
             &inputs[0].try_to_f64("q")?,
             &inputs[1].try_to_f64("k")?,
             &inputs[2].try_to_f64("v")?,
+            c.mask_values(inputs)?.as_deref(),
         )?;
         Ok(vec![o, lse])
     }
@@ -565,25 +765,29 @@ impl Op for FlashAttentionBwd {
         Ok(kernels)
     }
 
+    /// `(q, k, v, do[, mask])`.
     fn inputs(c: &Self::Config, seed: u64) -> Result<Vec<Array>, BoxError> {
         let mut v = c.qkv(seed)?;
         v.push(random_array(c.dtype, &c.q_type().shape, seed + 3, 1.0)?);
+        v.extend(c.random_mask(seed + 4)?);
         Ok(v)
     }
 
     /// What `run` does, as a chain: the forward unless `o` and `lse` are given (`q, k, v,
-    /// do[, o, lse]`); `delta` from `(o, do)`; then `(q, k, v, do, lse, delta) -> (dq, dk,
-    /// dv)` by the fused kernel, or by the dq and dk/dv kernels.
+    /// do[, o, lse][, mask]`); `delta` from `(o, do)`; then `(q, k, v, do, lse,
+    /// delta[, mask]) -> (dq, dk, dv)` by the fused kernel, or by the dq and dk/dv kernels.
     fn chain(c: &Self::Config, inputs: usize) -> Option<Chain> {
         let output = Source::output;
+        let masks = usize::from(c.mask.is_some());
+        let mask = (masks == 1).then(|| Source::Input(inputs - 1));
         let [q, k, v, d_o] = [0, 1, 2, 3].map(Source::Input);
         let mut steps = Vec::new();
-        let (o, lse) = match inputs {
+        let (o, lse) = match inputs.checked_sub(masks)? {
             6 => (Source::Input(4), Source::Input(5)),
             4 => {
                 steps.push(Step {
                     kernel: 0,
-                    inputs: vec![q, k, v],
+                    inputs: [q, k, v].into_iter().chain(mask).collect(),
                 });
                 (output(0, 0), output(0, 1))
             }
@@ -593,7 +797,8 @@ impl Op for FlashAttentionBwd {
             kernel: 1,
             inputs: vec![o, d_o],
         });
-        let grads_in = vec![q, k, v, d_o, lse, output(steps.len() - 1, 0)];
+        let delta = output(steps.len() - 1, 0);
+        let grads_in: Vec<Source> = [q, k, v, d_o, lse, delta].into_iter().chain(mask).collect();
         let first = steps.len();
         steps.push(Step {
             kernel: 2,
@@ -616,24 +821,30 @@ impl Op for FlashAttentionBwd {
     }
 
     /// Takes `(q, k, v, do)` and runs the forward for `o` and `lse`, or `(q, k, v, do, o,
-    /// lse)` with the forward's results saved by the caller (autograd does).
+    /// lse)` with the forward's results saved by the caller (autograd does); the score
+    /// mask, when the config has one, comes last.
     fn run(c: &Self::Config, inputs: &[Array], exec: &mut Exec) -> Result<Vec<Array>, BoxError> {
+        let (inputs, mask) = match (c.mask, inputs.split_last()) {
+            (Some(_), Some((mask, rest))) => (rest, Some(mask.clone())),
+            _ => (inputs, None),
+        };
         let (q, k, v, d_o, fwd) = match inputs {
-            [q, k, v, d_o] => (
-                q,
-                k,
-                v,
-                d_o,
-                exec(
-                    &*built(AttentionConfig::forward, *c)?,
-                    &[q.clone(), k.clone(), v.clone()],
-                )?,
-            ),
+            [q, k, v, d_o] => {
+                let fwd_in: Vec<Array> =
+                    [q, k, v].into_iter().cloned().chain(mask.clone()).collect();
+                let fwd = exec(&*built(AttentionConfig::forward, *c)?, &fwd_in)?;
+                (q, k, v, d_o, fwd)
+            }
             [q, k, v, d_o, o, lse] => (q, k, v, d_o, vec![o.clone(), lse.clone()]),
             _ => {
                 return Err(format!(
-                "flash_attention_bwd takes (q, k, v, do) or (q, k, v, do, o, lse), got {} inputs",
-                inputs.len()
+                "flash_attention_bwd takes (q, k, v, do) or (q, k, v, do, o, lse){}, got {} inputs",
+                if c.mask.is_some() {
+                    " then the mask"
+                } else {
+                    ""
+                },
+                inputs.len() + usize::from(mask.is_some())
             )
                 .into())
             }
@@ -644,14 +855,12 @@ impl Op for FlashAttentionBwd {
             &[o.clone(), d_o.clone()],
         )?
         .remove(0);
-        let grads_in = [
-            q.clone(),
-            k.clone(),
-            v.clone(),
-            d_o.clone(),
-            lse.clone(),
-            delta,
-        ];
+        let grads_in: Vec<Array> = [q, k, v, d_o, lse]
+            .into_iter()
+            .cloned()
+            .chain([delta])
+            .chain(mask)
+            .collect();
         if c.fuses_backward() {
             return exec(&*built(AttentionConfig::backward_fused, *c)?, &grads_in);
         }
@@ -668,7 +877,8 @@ impl Op for FlashAttentionBwd {
             .zip(inputs)
             .map(|(name, a)| a.try_to_f64(name))
             .collect::<Result<_, _>>()?;
-        Ok(reference_backward(c, &f[0], &f[1], &f[2], &f[3])?.to_vec())
+        let mask = c.mask_values(inputs)?;
+        Ok(reference_backward(c, &f[0], &f[1], &f[2], &f[3], mask.as_deref())?.to_vec())
     }
 
     fn tolerance(c: &Self::Config) -> Tolerance {
