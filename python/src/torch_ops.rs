@@ -111,19 +111,20 @@ pub(crate) const OPS: &[NativeOp] = &[
     },
     NativeOp {
         schema: "flash_attention_fwd(Tensor q, Tensor k, Tensor v, bool is_causal, float scale, \
-                 int? window=None, float? softcap=None) -> (Tensor, Tensor)",
+                 int? window=None, float? softcap=None, Tensor? mask=None) -> (Tensor, Tensor)",
         run: flash_attention_fwd,
     },
     NativeOp {
         schema:
             "flash_attention_bwd(Tensor q, Tensor k, Tensor v, Tensor grad_out, bool is_causal, \
                  float scale, Tensor? out=None, Tensor? lse=None, int? window=None, \
-                 float? softcap=None) -> (Tensor, Tensor, Tensor)",
+                 float? softcap=None, Tensor? mask=None) -> (Tensor, Tensor, Tensor)",
         run: flash_attention_bwd,
     },
     NativeOp {
         schema: "flash_attention(Tensor q, Tensor k, Tensor v, bool is_causal=False, \
-                 float? scale=None, int? window=None, float? softcap=None) -> Tensor",
+                 float? scale=None, int? window=None, float? softcap=None, Tensor? mask=None) \
+                 -> Tensor",
         run: flash_attention,
     },
     NativeOp {
@@ -651,6 +652,8 @@ struct Attention {
     k: Arg,
     v: Arg,
     params: Vec<(&'static str, String)>,
+    /// The score mask as the kernel takes it: additive f32 `[batch or 1, 1, q_len, kv_len]`.
+    mask: Option<Tensor>,
 }
 
 impl Attention {
@@ -683,7 +686,81 @@ impl Attention {
             ("head_dim", d.to_string()),
             ("dtype", q.dtype_name().to_string()),
         ];
-        Ok(Attention { q, k, v, params })
+        Ok(Attention {
+            q,
+            k,
+            v,
+            params,
+            mask: None,
+        })
+    }
+
+    /// Reads the optional score mask: boolean (true: the query sees the key) or additive
+    /// float, broadcastable to `[batch, heads, q_len, kv_len]` as SDPA's `attn_mask`,
+    /// the same for every head. Made the kernel's f32 `[batch or 1, 1, q_len, kv_len]`.
+    fn score_mask(&mut self, a: &mut Args) -> Result<(), OpError> {
+        let mask = match a.0.next() {
+            Some(Value::Tensor(t)) if t.is_defined() => t,
+            _ => return Ok(()),
+        };
+        if !mask.is_cpu() {
+            return Err(bad("mask: tessera ops run on CPU tensors".into()));
+        }
+        let t = torch();
+        let dtype = mask.dtype();
+        if ![t.bool, t.f32, t.bf16, t.f16].contains(&dtype) {
+            return Err(bad(format!(
+                "mask: expected a boolean or floating mask, got {}",
+                t.dtype_name(dtype)
+            )));
+        }
+        let (b, h, sq) = (self.q.shape[0], self.q.shape[1], self.q.shape[2]);
+        let full = [b, h, sq, self.k.shape[2]];
+        let shape = mask.shape();
+        // Right-aligned as broadcasting aligns: [.., heads, q_len, kv_len].
+        let lead = 4usize.saturating_sub(shape.len());
+        let broadcasts = shape.len() <= 4
+            && shape
+                .iter()
+                .zip(&full[lead..])
+                .all(|(&m, &f)| m == f || m == 1);
+        let per_head = shape.len() >= 3 && shape[shape.len() - 3] != 1;
+        if !broadcasts {
+            return Err(bad(format!(
+                "mask: shape {} does not broadcast to {}",
+                py_shape(&shape),
+                py_shape(&full)
+            )));
+        }
+        if per_head {
+            return Err(bad(format!(
+                "mask: shape {} has a mask per head; the kernel takes one for every head \
+                 ([batch or 1, 1, q_len, kv_len])",
+                py_shape(&shape)
+            )));
+        }
+        let per_batch = shape.len() == 4 && shape[0] == b && b > 1;
+        let kernel_shape = [if per_batch { b } else { 1 }, 1, sq, self.k.shape[2]];
+        let additive = Tensor::empty(&kernel_shape, t.f32).map_err(OpError::NoMemory)?;
+        additive.copy_from(&mask).map_err(OpError::Failed)?;
+        if dtype == t.bool {
+            let n = kernel_shape.iter().product::<u64>() as usize;
+            // SAFETY: `additive` is a fresh contiguous f32 tensor of `n` elements.
+            let values = unsafe { std::slice::from_raw_parts_mut(additive.data() as *mut f32, n) };
+            for x in values {
+                *x = if *x != 0.0 { 0.0 } else { f32::NEG_INFINITY };
+            }
+        }
+        let kind = if per_batch { "batch" } else { "shared" };
+        self.params.push(("mask", kind.to_string()));
+        self.mask = Some(additive);
+        Ok(())
+    }
+
+    /// The score mask's buffer, if there is one.
+    fn mask_buffer(&self) -> Option<Buffer> {
+        let m = self.mask.as_ref()?;
+        Some((m.data(), m.shape(), "f32".to_string()))
     }
 
     /// Adds `causal` and the `scale` when given (the kernel's default is
@@ -730,12 +807,14 @@ impl Attention {
         }
         let lse = Tensor::empty(&lse_shape, torch().f32).map_err(OpError::NoMemory)?;
         let out = self.q.empty(&self.q.shape)?;
+        let mask = self.mask_buffer();
         let (q, k, v) = (
             self.q.contiguous()?,
             self.k.contiguous()?,
             self.v.contiguous()?,
         );
-        let inputs = [q.buffer(&q.shape), k.buffer(&k.shape), v.buffer(&v.shape)];
+        let mut inputs = vec![q.buffer(&q.shape), k.buffer(&k.shape), v.buffer(&v.shape)];
+        inputs.extend(mask);
         let outputs = [
             (out.data(), q.shape.clone(), q.dtype_name().to_string()),
             (lse.data(), lse_shape.to_vec(), "f32".to_string()),
@@ -826,6 +905,7 @@ fn flash_attention_fwd(args: Vec<Value>) -> Result<Vec<Tensor>, OpError> {
     let scale = a.float("scale")?;
     att.options(causal, scale);
     att.window_and_softcap(&mut a)?;
+    att.score_mask(&mut a)?;
     att.forward()
 }
 
@@ -851,11 +931,13 @@ fn flash_attention_bwd(args: Vec<Value>) -> Result<Vec<Tensor>, OpError> {
     att.options(causal, scale);
     let saved = att.saved(&mut a)?;
     att.window_and_softcap(&mut a)?;
+    att.score_mask(&mut a)?;
     if att.empty() {
         return gradients_like([&att.q, &att.k, &att.v], true);
     }
     let grads = gradients_like([&att.q, &att.k, &att.v], false)?;
     let grad = grad_like(grad, &att.q)?;
+    let mask = att.mask_buffer();
     let (q, k, v) = (
         att.q.contiguous()?,
         att.k.contiguous()?,
@@ -870,6 +952,7 @@ fn flash_attention_bwd(args: Vec<Value>) -> Result<Vec<Tensor>, OpError> {
     if let Some((out, lse)) = saved {
         inputs.extend([out.buffer(&out.shape), lse.buffer(&lse.shape)]);
     }
+    inputs.extend(mask);
     let outputs: Vec<Buffer> = grads
         .iter()
         .zip([&q, &k, &v])

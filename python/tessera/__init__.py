@@ -203,10 +203,32 @@ def _attention_options(window, softcap):
         raise ValueError(f"softcap: expected a positive number, got {softcap}")
 
 
-def _attention_params(q, k, v, is_causal, scale, window=None, softcap=None):
+def _attention_mask(q, k, mask):
+    """Checks a score mask (boolean, or additive float) for ``q``/``k``: it broadcasts to
+    ``[batch, heads, q_len, kv_len]`` and is the same for every head. Returns the kernel's
+    ``mask`` parameter: ``"none"``, ``"batch"`` (one mask per batch entry) or ``"shared"``."""
+    if mask is None:
+        return "none"
+    if not (mask.dtype == torch.bool or mask.dtype.is_floating_point):
+        raise ValueError(f"mask: expected a boolean or floating mask, got {mask.dtype}")
+    full = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    shape = tuple(mask.shape)
+    aligned = full[4 - len(shape):] if len(shape) <= 4 else ()
+    broadcasts = len(shape) <= 4 and all(m in (f, 1) for m, f in zip(shape, aligned))
+    if not broadcasts:
+        raise ValueError(f"mask: shape {shape} does not broadcast to {full}")
+    if len(shape) >= 3 and shape[-3] != 1:
+        raise ValueError(f"mask: shape {shape} has a mask per head; the kernel takes one for every head "
+                         "([batch or 1, 1, q_len, kv_len])")
+    _same_device(query=q, mask=mask)
+    return "batch" if len(shape) == 4 and shape[0] == q.shape[0] > 1 else "shared"
+
+
+def _attention_params(q, k, v, is_causal, scale, window=None, softcap=None, mask=None):
     """The attention kernel's parameters for these arguments (graph mode's custom calls)."""
     _attention_shapes(q, k, v)
     _attention_options(window, softcap)
+    mask_kind = _attention_mask(q, k, mask)
     b, h, sq, d = q.shape
     if d == 0:
         raise ValueError("query: head_dim must be at least 1")
@@ -218,20 +240,23 @@ def _attention_params(q, k, v, is_causal, scale, window=None, softcap=None):
         "causal": "true" if is_causal else "false", "scale": repr(scale), "dtype": _DTYPES[q.dtype],
         "window": "none" if window is None else int(window),
         "softcap": "none" if softcap is None else repr(float(softcap)),
+        "mask": mask_kind,
     }
 
 
 @_fake("flash_attention_fwd")
-def _(q, k, v, is_causal, scale, window=None, softcap=None):
+def _(q, k, v, is_causal, scale, window=None, softcap=None, mask=None):
     _attention_shapes(q, k, v)
     _attention_options(window, softcap)
+    _attention_mask(q, k, mask)
     return _empty(q), q.new_empty((*q.shape[:3], 1), dtype=torch.float32)
 
 
 @_fake("flash_attention_bwd")
-def _(q, k, v, grad_out, is_causal, scale, out=None, lse=None, window=None, softcap=None):
+def _(q, k, v, grad_out, is_causal, scale, out=None, lse=None, window=None, softcap=None, mask=None):
     _attention_shapes(q, k, v)
     _attention_options(window, softcap)
+    _attention_mask(q, k, mask)
     if grad_out.shape != q.shape:
         raise ValueError(f"grad_out: shape {tuple(grad_out.shape)} differs from query's {tuple(q.shape)}")
     _same_device(query=q, grad_out=grad_out)
@@ -239,9 +264,10 @@ def _(q, k, v, grad_out, is_causal, scale, out=None, lse=None, window=None, soft
 
 
 @_fake("flash_attention")
-def _(q, k, v, is_causal=False, scale=None, window=None, softcap=None):
+def _(q, k, v, is_causal=False, scale=None, window=None, softcap=None, mask=None):
     _attention_shapes(q, k, v)
     _attention_options(window, softcap)
+    _attention_mask(q, k, mask)
     return _empty(q)
 
 
@@ -409,15 +435,23 @@ _differentiable("matmul", _save_inputs, _matmul_backward)
 
 
 def _attention_backward(ctx, grad_out, *grad_lse):
-    q, k, v, out, lse = ctx.saved_tensors
+    q, k, v, out, lse, *mask = ctx.saved_tensors
     dq, dk, dv = torch.ops.tessera.flash_attention_bwd(
-        q, k, v, grad_out, ctx.is_causal, ctx.scale, out, lse, ctx.window, ctx.softcap)
-    return dq, dk, dv, None, None, None, None
+        q, k, v, grad_out, ctx.is_causal, ctx.scale, out, lse, ctx.window, ctx.softcap, *mask)
+    return dq, dk, dv, None, None, None, None, None
+
+
+def _no_mask_gradient(mask):
+    """The kernels give no gradient for a score mask: one that needs it is refused."""
+    if mask is not None and mask.requires_grad:
+        raise ValueError("mask: flash_attention gives no gradient for the score mask; "
+                         "detach it (or use scaled_dot_product_attention for a learned bias)")
+    return () if mask is None else (mask,)
 
 
 def _attention_fwd_setup(ctx, inputs, output):
-    q, k, v, is_causal, scale, window, softcap = inputs
-    ctx.save_for_backward(q, k, v, *output)
+    q, k, v, is_causal, scale, window, softcap, mask = inputs
+    ctx.save_for_backward(q, k, v, *output, *_no_mask_gradient(mask))
     ctx.is_causal, ctx.scale, ctx.window, ctx.softcap = is_causal, scale, window, softcap
     ctx.mark_non_differentiable(output[1])
 
@@ -430,12 +464,13 @@ class _Attention(torch.autograd.Function):
     backward (which then does not run the forward again)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal, scale, window, softcap):
+    def forward(ctx, q, k, v, is_causal, scale, window, softcap, mask):
         ctx.is_causal, ctx.window, ctx.softcap = is_causal, window, softcap
         ctx.scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
         with _below_autograd():
-            out, lse = torch.ops.tessera.flash_attention_fwd.default(q, k, v, is_causal, ctx.scale, window, softcap)
-        ctx.save_for_backward(q, k, v, out, lse)
+            out, lse = torch.ops.tessera.flash_attention_fwd.default(
+                q, k, v, is_causal, ctx.scale, window, softcap, mask)
+        ctx.save_for_backward(q, k, v, out, lse, *_no_mask_gradient(mask))
         return out
 
     backward = staticmethod(_attention_backward)
@@ -511,11 +546,11 @@ if os.environ.get("TESSERA_NATIVE_AUTOGRAD", "1") != "0":
 _original_sdpa = None
 
 
-def _sdpa_supported(query, key, value, attn_mask, dropout_p, scale, enable_gqa):
+def _sdpa_supported(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
     """Why this SDPA call cannot go to tessera, or None when it can."""
     tensors = (query, key, value)
-    if attn_mask is not None:
-        return "attn_mask is not supported"
+    if attn_mask is not None and (is_causal or attn_mask.requires_grad):
+        return "attn_mask with is_causal, or one that requires grad"
     if dropout_p:
         return "dropout is not supported"
     if any(t.device.type != "cpu" for t in tensors):
@@ -528,22 +563,27 @@ def _sdpa_supported(query, key, value, attn_mask, dropout_p, scale, enable_gqa):
         return "head counts differ without enable_gqa"
     if query.shape[-1] > 256 or key.shape != value.shape:
         return "head dim above 256 or key/value shapes differ"
+    try:
+        _attention_mask(query, key, attn_mask)
+    except ValueError as e:
+        return str(e)
     return None
 
 
 def enable_sdpa_override():
     """Routes CPU `torch.nn.functional.scaled_dot_product_attention` calls that tessera
-    supports to `torch.ops.tessera.flash_attention`; every other call (masks, dropout,
-    other devices or dtypes) goes to PyTorch's own kernel."""
+    supports (a mask the same for every head included) to `torch.ops.tessera.flash_attention`;
+    every other call (a mask per head, dropout, other devices or dtypes) goes to PyTorch's
+    own kernel."""
     global _original_sdpa
     if _original_sdpa is not None:
         return
     _original_sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-        reason = _sdpa_supported(query, key, value, attn_mask, dropout_p, scale, enable_gqa)
+        reason = _sdpa_supported(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
         if reason is None:
-            return torch.ops.tessera.flash_attention(query, key, value, is_causal, scale)
+            return torch.ops.tessera.flash_attention(query, key, value, is_causal, scale, mask=attn_mask)
         record_fallback("scaled_dot_product_attention", reason)
         return _original_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                               is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)

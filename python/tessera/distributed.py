@@ -12,7 +12,7 @@ inputs replicated (the op then runs whole on every rank).
 | swiglu | any dim, the same on both inputs |
 | rope | batch or heads of ``x`` (tables replicated) |
 | matmul | rows of ``x``; columns of ``y``; the contraction (``x`` columns and ``y`` rows: a partial sum) |
-| flash_attention (fwd, bwd) | batch; heads, q and kv heads together when the kv heads divide over the mesh (each rank keeps whole GQA groups) |
+| flash_attention (fwd, bwd) | batch (a score mask with a batch dim too); heads, q and kv heads together when the kv heads divide over the mesh (each rank keeps whole GQA groups; the mask replicated) |
 | paged_attention | batch (q, table, lengths; caches replicated); heads (q heads with the caches' kv heads) |
 | varlen_attention (fwd, bwd) | heads, as flash_attention (the offsets replicated) |
 """
@@ -98,7 +98,8 @@ def _attention(op, q_like, q_dim, kv, kv_dim, results, batch=None):
     """Rules of attention ops. Heads: the ``q_like`` tensors (queries, their gradients,
     outputs and log-sum-exps) on ``q_dim`` with the ``kv`` tensors on ``kv_dim``, when the
     kv heads divide over the mesh (every rank keeps whole GQA groups); ``results`` are the
-    results' head dims. Batch, if given: the ``batch`` tensors on dim 0."""
+    results' head dims. Batch, if given: the ``batch`` tensors on dim 0, and a score mask
+    with a batch dim of its own too (a mask, one for every head, is replicated over heads)."""
 
     def rule(*args):
         named = dict(zip(_arguments(op), args))
@@ -109,7 +110,10 @@ def _attention(op, q_like, q_dim, kv, kv_dim, results, batch=None):
             heads.update({name: Shard(kv_dim) for name in kv})
             strategies.append(([Shard(d) for d in results], _placements(op, args, **heads)))
         if batch is not None:
-            strategies.append(([Shard(0)] * len(results), _placements(op, args, **{n: Shard(0) for n in batch})))
+            mask = named.get("mask")
+            per_entry = mask is not None and len(mask.shape) == 4 and mask.shape[0] > 1
+            names = (*batch, "mask") if per_entry else batch
+            strategies.append(([Shard(0)] * len(results), _placements(op, args, **{n: Shard(0) for n in names})))
         return strategies
 
     register_sharding(op.default)(rule)

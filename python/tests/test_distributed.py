@@ -71,6 +71,7 @@ def _rules_worker(rank, world, port, result_dir):
     x, w, b = torch.randn(6, 10), torch.rand(10) + 0.5, torch.randn(10)
     y = torch.randn(10, 8)
     q, k, v = torch.randn(2, 4, 12, 8), torch.randn(2, 2, 12, 8), torch.randn(2, 2, 12, 8)
+    pad = (torch.arange(12) < torch.tensor([[12], [5]]))[:, None, None, :].expand(2, 1, 12, 12).contiguous()
     cu = torch.tensor([0, 5, 12], dtype=torch.int32)
     qv, kv, vv = torch.randn(4, 12, 8), torch.randn(2, 12, 8), torch.randn(2, 12, 8)
     pq, pk, pv = torch.randn(3, 4, 8), torch.randn(2, 6, 4, 8), torch.randn(2, 6, 4, 8)
@@ -94,6 +95,12 @@ def _rules_worker(rank, world, port, result_dir):
                                   [dt(q, Shard(1)), dt(k, Shard(1)), dt(v, Shard(1))], [q, k, v]),
         "flash_attention batch": (lambda a, c, d: ops.flash_attention(a, c, d, True),
                                   [dt(q, Shard(0)), dt(k, Shard(0)), dt(v, Shard(0))], [q, k, v]),
+        "flash_attention masked heads": (lambda a, c, d, m: ops.flash_attention(a, c, d, mask=m),
+                                         [dt(q, Shard(1)), dt(k, Shard(1)), dt(v, Shard(1)), dt(pad, R)],
+                                         [q, k, v, pad]),
+        "flash_attention masked batch": (lambda a, c, d, m: ops.flash_attention(a, c, d, mask=m),
+                                         [dt(q, Shard(0)), dt(k, Shard(0)), dt(v, Shard(0)), dt(pad, Shard(0))],
+                                         [q, k, v, pad]),
         "varlen_attention heads": (lambda a, c, d, e: ops.varlen_attention(a, c, d, e, e, True),
                                    [dt(qv, Shard(0)), dt(kv, Shard(0)), dt(vv, Shard(0)), dt(cu, R)],
                                    [qv, kv, vv, cu]),
@@ -120,6 +127,7 @@ def test_sharding_rules_run_each_op_on_local_shards(tmp_path):
         "softmax rows": "S(0)", "rms_norm rows": "S(0)", "layer_norm rows": "S(0)", "swiglu cols": "S(1)",
         "matmul rows": "S(0)", "matmul cols": "S(1)", "matmul contraction": "P(sum)",
         "flash_attention heads": "S(1)", "flash_attention batch": "S(0)",
+        "flash_attention masked heads": "S(1)", "flash_attention masked batch": "S(0)",
         "varlen_attention heads": "S(0)", "paged_attention heads": "S(1)",
     }
     for name, want in placements.items():
@@ -130,6 +138,7 @@ def test_sharding_rules_run_each_op_on_local_shards(tmp_path):
     local = results[0]
     assert "heads=2,kv_heads=1," in local["flash_attention heads"]["launches"][0]
     assert "batch=1," in local["flash_attention batch"]["launches"][0]
+    assert "mask=shared" in local["flash_attention masked batch"]["launches"][0]  # this rank's entry
     assert "rows=3," in local["softmax rows"]["launches"][0]
     assert "heads=2,kv_heads=1," in local["varlen_attention heads"]["launches"][0]
     assert "heads=2,kv_heads=1," in local["paged_attention heads"]["launches"][0]

@@ -138,6 +138,58 @@ def test_flash_attention_window_and_softcap_errors():
         ops.flash_attention(q, q, q, True, None, None, 0.0)
 
 
+def masked_reference(q, k, v, is_causal, mask):
+    """SDPA with the mask (boolean or additive, GQA by repeating k/v) and the causal mask
+    combined; a query that sees no key gives 0."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    bias = torch.zeros(()) if mask.dtype == torch.bool else mask
+    hidden = ~mask if mask.dtype == torch.bool else torch.zeros((), dtype=torch.bool)
+    if is_causal:
+        hidden = hidden | torch.ones(q.shape[2], k.shape[2], dtype=torch.bool).tril().logical_not()
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + bias
+    s = s.masked_fill(hidden, -math.inf)
+    empty = s.amax(-1, keepdim=True) == -math.inf
+    p = torch.softmax(s.masked_fill(empty, 0.0), -1).masked_fill(empty, 0.0)
+    return p @ v
+
+
+def padding_mask(lengths, sq, sk):
+    """``[batch, 1, sq, sk]``: query rows see the first ``lengths[b]`` keys."""
+    keys = torch.arange(sk)[None, :] < torch.tensor(lengths)[:, None]
+    return keys[:, None, None, :].expand(len(lengths), 1, sq, sk)
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("mask_of", [
+    lambda b, sq, sk: padding_mask([sk, 3, 1][:b], sq, sk),           # per entry, boolean
+    lambda b, sq, sk: torch.rand(sq, sk) > 0.3,                        # shared, rank 2
+    lambda b, sq, sk: torch.randn(b, 1, sq, sk),                       # additive, per entry
+    lambda b, sq, sk: torch.randn(1, 1, 1, sk).masked_fill(torch.rand(sk) < 0.3, -math.inf),  # broadcast rows
+])
+def test_flash_attention_score_mask(is_causal, mask_of):
+    b, sq, sk = 3, 37, 45
+    q = torch.randn(b, 4, sq, 32, requires_grad=True)
+    k = torch.randn(b, 2, sk, 32, requires_grad=True)
+    v = torch.randn(b, 2, sk, 32, requires_grad=True)
+    mask = mask_of(b, sq, sk)
+    same_outputs_and_grads(ops.flash_attention(q, k, v, is_causal, mask=mask),
+                           masked_reference(q, k, v, is_causal, mask), (q, k, v))
+
+
+def test_flash_attention_score_mask_errors():
+    q = torch.randn(2, 4, 8, 16)
+    with pytest.raises(ValueError, match=r"mask: shape \(2, 4, 8, 8\) has a mask per head"):
+        ops.flash_attention(q, q, q, mask=torch.zeros(2, 4, 8, 8))
+    with pytest.raises(ValueError, match=r"mask: shape \(3, 8\) does not broadcast to \(2, 4, 8, 8\)"):
+        ops.flash_attention(q, q, q, mask=torch.zeros(3, 8))
+    with pytest.raises(ValueError, match="mask: expected a boolean or floating mask, got torch.int64"):
+        ops.flash_attention(q, q, q, mask=torch.zeros(8, 8, dtype=torch.long))
+    learned = torch.zeros(8, 8, requires_grad=True)
+    with pytest.raises(ValueError, match="mask: flash_attention gives no gradient for the score mask"):
+        ops.flash_attention(q.requires_grad_(), q, q, mask=learned)
+
+
 def paged_inputs(batch=3, heads=4, kv_heads=2, d=16, page_size=4, num_pages=9, max_pages=5, dtype=torch.float32):
     q = torch.randn(batch, heads, d, dtype=dtype)
     k_cache = torch.randn(kv_heads, num_pages, page_size, d, dtype=dtype)
@@ -280,6 +332,7 @@ def opcheck_args():
         (ops.rope, (torch.randn(1, 4, 9, 16, requires_grad=True), cos, sin)),
         (ops.flash_attention, (q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), True, None)),
         (ops.flash_attention, (q, k, v, True, None, 3, 5.0)),
+        (ops.flash_attention, (q, k, v, False, None, None, None, padding_mask([11], 9, 13))),
     ]
 
 
@@ -619,8 +672,13 @@ def test_sdpa_override_routes_supported_calls_and_falls_back():
         with Recorder():
             got = F.scaled_dot_product_attention(q, kr, vr, attn_mask=mask)
         close(got, want, torch.float32)
-        assert kernels_run == ["flash_attention"], "a masked call must fall back to PyTorch"
-        assert tessera._sdpa_supported(q, k, v, None, 0.0, None, False) == "head counts differ without enable_gqa"
+        assert kernels_run == ["flash_attention"] * 2, "a mask for every head is the kernel's score mask"
+        per_head = mask.expand(1, 4, 10, 10).clone()
+        with Recorder():
+            got = F.scaled_dot_product_attention(q, kr, vr, attn_mask=per_head)
+        close(got, want, torch.float32)
+        assert kernels_run == ["flash_attention"] * 2, "a mask per head must fall back to PyTorch"
+        assert tessera._sdpa_supported(q, k, v, None, 0.0, False, False) == "head counts differ without enable_gqa"
     finally:
         tessera.disable_sdpa_override()
     assert F.scaled_dot_product_attention is original
