@@ -9,13 +9,15 @@ Each attention call of the model runs ``torch.ops.tessera.flash_attention`` eage
 (and in graph mode): causal, sliding-window (from the mask Transformers builds), Gemma 2
 soft-capping and GQA. A padded batch (each entry's queries seeing one range of keys,
 causally or not: left or right padding, the attention mask of a tokenizer) runs
-``torch.ops.tessera.varlen_attention`` on the packed tokens. A call neither kernel can
-take (padding with a window or soft-capping, dropout, another dtype or device) runs
+``torch.ops.tessera.varlen_attention`` on the packed tokens; any other mask (padding with
+a window or soft-capping, a static cache's decode mask) is flash attention's score mask.
+A call no kernel can take (dropout, another dtype or device, a mask per head) runs
 Transformers' SDPA implementation and is recorded as a fallback (``tessera.trace_ops()``).
 """
 
 import torch
 
+from . import _attention_mask
 from .graph.patterns import mask_options
 from .trace import record_fallback
 
@@ -31,7 +33,7 @@ def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=No
     the SDPA fallback's keyword arguments)."""
     sq, sk = query.shape[2], key.shape[2]
     is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
-    why, causal, window = None, bool(is_causal) and sq > 1 and attention_mask is None, None
+    why, causal, window, mask = None, bool(is_causal) and sq > 1 and attention_mask is None, None, None
     if dropout and module.training:
         why = "dropout"
     elif any(t.device.type != "cpu" for t in (query, key, value)):
@@ -45,7 +47,11 @@ def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=No
         if isinstance(options, str):
             if packed is not None and softcap is None:
                 return _varlen(query, key, value, scaling, *packed), None
-            why = options
+            try:
+                _attention_mask(query, key, attention_mask)
+                mask = attention_mask
+            except ValueError as e:
+                why = f"{options}; {e}"
         else:
             causal, window = options
     if why is not None:
@@ -57,7 +63,7 @@ def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=No
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
-    out = torch.ops.tessera.flash_attention(query, key, value, causal, scaling, window, softcap)
+    out = torch.ops.tessera.flash_attention(query, key, value, causal, scaling, window, softcap, mask)
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -221,7 +221,7 @@ class Attention(nn.Module):
         if f == "batch_band_mask":  # the same band, expanded over the batch as Transformers does
             mask = self.band[None, None, :sq, :sq].expand(q.shape[0], 1, sq, sq)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-        if f == "checker_mask":  # neither causal nor a window: must stay plain StableHLO
+        if f == "checker_mask":  # neither causal nor a window: the kernel's score mask
             return F.scaled_dot_product_attention(q, k, v, attn_mask=self.checker[:sq, :sq], enable_gqa=True)
         if f.startswith("written_"):  # attention written out, as Transformers' eager form
             k, v = k.repeat_interleave(self.n, dim=1), v.repeat_interleave(self.n, dim=1)
@@ -232,15 +232,18 @@ class Attention(nn.Module):
                 s = torch.tanh(s * 0.3 / 5.0) * 5.0
                 s = s + torch.full((sq, sq), float("-inf")).triu(1)
             return F.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype) @ v
-        if f == "input_mask":  # depends on an input: must stay plain StableHLO
+        if f == "input_mask":  # depends on an input: the kernel's score mask
             return F.scaled_dot_product_attention(q, k, v, attn_mask=q[0, 0] @ k[0, 0].T > 0, enable_gqa=True)
+        if f == "per_head_mask":  # one mask per head: must stay plain StableHLO
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=q[:1] @ q[:1].transpose(2, 3) > 0,
+                                                  enable_gqa=True)
         raise ValueError(f)
 
 
 @pytest.mark.parametrize("form", ["is_causal", "scale", "repeat_interleave", "expand_reshape",
                                   "bool_mask_buffer", "additive_mask", "band_mask", "batch_band_mask",
-                                  "checker_mask", "input_mask", "written_unscaled", "written_scaled_div",
-                                  "written_softcap_causal"])
+                                  "checker_mask", "input_mask", "per_head_mask", "written_unscaled",
+                                  "written_scaled_div", "written_softcap_causal"])
 def test_attention_forms(form):
     torch.manual_seed(0)
     q, k, v = torch.randn(2, 4, 16, 8), torch.randn(2, 2, 16, 8), torch.randn(2, 2, 16, 8)
@@ -250,9 +253,9 @@ def test_attention_forms(form):
         got = compiled(model)(q, k, v)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     stats = tessera.graph_stats()
-    if form in ("checker_mask", "input_mask"):
+    if form == "per_head_mask":
         assert "flash_attention" not in stats["kernels"], stats
-        assert "scaled_dot_product_attention" in stats["fallbacks"], stats
+        assert "has a mask per head" in stats["fallbacks"]["scaled_dot_product_attention"], stats
     else:
         assert stats["kernels"] == {"flash_attention": 1}, stats
 

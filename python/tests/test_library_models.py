@@ -101,10 +101,12 @@ def test_causal_lm_training_step_matches_eager(name):
     assert ran_eagerly(stats) == {} and stats["kernels"].get("flash_attention_bwd") == LAYERS, stats
 
 
-def test_padded_batch_matches_eager_and_says_why_attention_is_not_taken():
-    # A padding mask depends on the input: the attention stays plain math (rows that
-    # see no key give 0, as PyTorch's kernel does, not NaN), and the reason is recorded.
-    model = causal_lm("llama").eval()
+@pytest.mark.parametrize("name", ["llama", "mistral", "gemma2"])
+def test_padded_batch_matches_eager_and_takes_the_kernel_with_its_mask(name):
+    # A padding mask depends on the input: flash attention takes it as its score mask
+    # (rows that see no key give 0, as PyTorch's kernel does), with the sliding window
+    # (Mistral) or soft-cap (Gemma 2) on top.
+    model = causal_lm(name).eval()
     tokens, mask = ids(), torch.ones(2, 16, dtype=torch.long)
     mask[1, :5] = 0
     with torch.no_grad():
@@ -112,8 +114,38 @@ def test_padded_batch_matches_eager_and_says_why_attention_is_not_taken():
         got = torch.compile(model, backend="tessera")(tokens, attention_mask=mask).logits
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     stats = tessera.graph_stats()
-    assert ran_eagerly(stats) == {}, stats
-    assert "depends on the inputs" in stats["fallbacks"]["scaled_dot_product_attention"], stats
+    assert ran_eagerly(stats) == {} and stats["fallbacks"] == {}, stats
+    assert stats["kernels"]["flash_attention"] == LAYERS, stats
+
+
+def test_padded_training_step_matches_eager():
+    model = causal_lm("llama").train()
+    twin = copy.deepcopy(model)
+    tokens, mask = ids(), torch.ones(2, 16, dtype=torch.long)
+    mask[1, 11:] = 0
+    loss = torch.compile(model, backend="tessera")(tokens, attention_mask=mask, labels=tokens).loss
+    loss.backward()
+    want = twin(tokens, attention_mask=mask, labels=tokens).loss
+    want.backward()
+    torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-5)
+    for (pname, p), q in zip(model.named_parameters(), twin.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=pname)
+    stats = tessera.graph_stats()
+    assert ran_eagerly(stats) == {} and stats["fallbacks"] == {}, stats
+    assert stats["kernels"].get("flash_attention_bwd") == LAYERS, stats
+
+
+def test_bert_with_padding_takes_attention_with_its_mask():
+    model = library.bert().eval()
+    tokens, mask = ids(), torch.ones(2, 16, dtype=torch.long)
+    mask[1, 11:] = 0
+    with torch.no_grad():
+        want = model(tokens, attention_mask=mask).last_hidden_state
+        got = torch.compile(model, backend="tessera")(tokens, attention_mask=mask).last_hidden_state
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    stats = tessera.graph_stats()
+    assert stats["kernels"] == {"flash_attention": LAYERS, "layer_norm": 2 * LAYERS + 1}, stats
+    assert stats["fallbacks"] == {}, stats
 
 
 def test_bert_takes_attention_and_layer_norm():
@@ -259,9 +291,9 @@ def test_a_failure_names_only_the_ops_that_failed():
 
 
 # A padded batch: Llama's causal padding runs varlen attention on the packed tokens;
-# padding with a sliding window (Mistral) or soft-capping (Gemma 2) runs Transformers'
-# math, said as a fallback.
-PADDED = {"llama": "varlen", "mistral": "fallback", "gemma2": "fallback", "bert": "varlen"}
+# padding with a sliding window (Mistral) or soft-capping (Gemma 2) is flash attention's
+# score mask.
+PADDED = {"llama": "varlen", "mistral": "masked", "gemma2": "masked", "bert": "varlen"}
 
 
 @pytest.mark.parametrize("name", sorted(PADDED))
@@ -285,11 +317,8 @@ def test_transformers_attention_implementation_runs_the_kernels(name):
     assert trace.tessera["tessera.flash_attention.default"] == LAYERS, trace
     valid = mask.bool()  # what padding positions hold is the model's business
     torch.testing.assert_close(got_padded[valid], want_padded[valid], rtol=1e-4, atol=1e-4)
-    if PADDED[name] == "varlen":
-        assert padded.tessera["tessera.varlen_attention.default"] == LAYERS and not padded.fallbacks, padded
-    else:
-        assert ("transformers attention", "attn_mask differs between batch entries or heads (a padding mask)") \
-            in padded.fallbacks, padded
+    kernel = "varlen_attention" if PADDED[name] == "varlen" else "flash_attention"
+    assert padded.tessera[f"tessera.{kernel}.default"] == LAYERS and not padded.fallbacks, padded
 
 
 def test_the_readmes_attention_implementation_snippet_runs():
@@ -308,8 +337,8 @@ def test_the_readmes_attention_implementation_snippet_runs():
 def test_generate_gives_eagers_tokens_with_no_eager_graph(cache):
     # The dynamic cache: Dynamo turns the growing length dynamic after the second step,
     # and each length then gets its own static graph (within TESSERA_GRAPH_SHAPES). The
-    # static cache: its decode masks the cache by an input (cache_position), so that
-    # attention stays plain math, and says so.
+    # static cache: its decode masks the cache by an input (cache_position), which the
+    # kernel takes as its score mask.
     model = causal_lm("llama").eval()
     prompt = ids(seq=8)
     with torch.no_grad():
@@ -319,11 +348,25 @@ def test_generate_gives_eagers_tokens_with_no_eager_graph(cache):
     assert torch.equal(got, want)
     stats = tessera.graph_stats()
     assert ran_eagerly(stats) == {}, stats
+    assert stats["fallbacks"] == {} and stats["kernels"]["flash_attention"] >= 2 * LAYERS, stats
     if cache == "dynamic":
         assert sum(stats["shapes"].values()) >= 2 and stats["kernels"]["flash_attention"] >= 4 * LAYERS, stats
-        assert stats["fallbacks"] == {}, stats
-    else:
-        assert "depends on the inputs" in stats["fallbacks"]["scaled_dot_product_attention"], stats
+
+
+def test_generate_on_the_inductor_path_compiles_the_dynamic_graph_once():
+    # More new tokens than TESSERA_GRAPH_SHAPES: the growing length would run eagerly if
+    # it were compiled per shape; Inductor takes the dynamic graph with its symbolic sizes.
+    model = causal_lm("llama").eval()
+    prompt = ids(seq=8)
+    with torch.no_grad():
+        want = model.generate(prompt, max_new_tokens=12, do_sample=False)
+        model.forward = torch.compile(model.forward, backend="tessera", options={"compiler": "inductor"})
+        got = model.generate(prompt, max_new_tokens=12, do_sample=False)
+    assert torch.equal(got, want)
+    stats = tessera.graph_stats()
+    assert ran_eagerly(stats) == {} and stats["fallbacks"] == {}, stats
+    assert list(stats["shapes"].values()) == ["dynamic"], stats
+    assert stats["kernels"]["flash_attention"] >= 2 * LAYERS, stats
 
 
 def test_explain_graph_agrees_with_graph_stats():

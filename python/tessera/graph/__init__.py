@@ -13,7 +13,8 @@ here).
 The backend never raises on a graph it cannot take: whatever fails (substitution,
 AOTAutograd, lowering, compiling, a run) makes the graph run eagerly with one warning
 naming the cause (``TESSERA_GRAPH_STRICT=1`` makes it an error). A graph with dynamic
-shapes is compiled for each shape it is called with, up to a bound.
+shapes goes to Inductor with its symbolic sizes on the Inductor path; otherwise it is
+compiled for each shape it is called with, up to a bound.
 """
 
 import copy
@@ -296,13 +297,32 @@ def tessera_backend(gm: torch.fx.GraphModule, example_inputs, options=None, **kw
     XLA (``options={"compiler": "xla"}``, the default) or to Inductor (``"inductor"``,
     Tessera's ops as extern kernels). It never raises on a graph it cannot take (unless
     ``TESSERA_GRAPH_STRICT=1``): the graph then runs eagerly, with one warning naming
-    the cause. A graph Dynamo traced with dynamic shapes is compiled for each shape it
-    is called with (:class:`_PerShape`)."""
+    the cause. A graph Dynamo traced with dynamic shapes goes to Inductor as it is (one
+    compile for every shape) when that compiler is chosen and takes it, else is compiled
+    for each shape it is called with (:class:`_PerShape`)."""
     graph_id = next(_graph_ids)
     compiler = _compiler(options)
     if _dynamic(example_inputs):
+        if compiler == "inductor":
+            run = _symbolic(gm, example_inputs, f"g{graph_id}")
+            if run is not None:
+                return run
         return _PerShape(gm, f"g{graph_id}", compiler)
     return _static(gm, example_inputs, f"g{graph_id}", compiler)
+
+
+def _symbolic(gm: torch.fx.GraphModule, example_inputs, name: str):
+    """The dynamic graph substituted and compiled by Inductor with its symbolic sizes,
+    or None when that fails (it is then compiled per shape)."""
+    try:
+        run = _substitute_and_compile(_copy(gm), example_inputs, name, "inductor")
+    except GraphModeError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the per-shape path still takes the graph
+        _debug(f"{name}: dynamic shapes not compiled symbolically ({_cause(e)}); compiling per shape")
+        return None
+    _stats["shapes"][name] = "dynamic"
+    return run
 
 
 def _static(gm: torch.fx.GraphModule, example_inputs, name: str, compiler: str):

@@ -14,6 +14,7 @@ module and the StableHLO pipeline runs in ``torch-mlir-opt``.
 """
 
 import collections
+import contextlib
 import os
 import re
 import subprocess
@@ -24,7 +25,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
-from .. import _attention_params, _DTYPES, _tessera, library
+from .. import _attention_mask, _attention_params, _DTYPES, _tessera, library
 
 TARGET = "tessera_op"
 # The custom call `op` of user library ops (the runner finds them by namespace).
@@ -96,17 +97,21 @@ def kernel_call(node: torch.fx.Node) -> KernelCall:
         return _row_call("layer_norm", args[0], {"eps": eps}, n_vectors=2)
     if name == "swiglu":
         return _row_call("swiglu", args[0], {}, n_matrices=2)
-    if name in ("flash_attention", "flash_attention_fwd", "flash_attention_bwd"):
+    if name in _ATTENTION:
         q, k, v = args[:3]
         named = _named_args(node, args)
         params = _attention_params(q, k, v, named.get("is_causal", False), named.get("scale"),
-                                   named["window"], named["softcap"])
+                                   named["window"], named["softcap"], named["mask"])
         dt = params["dtype"]
+        # The score mask (the last tensor operand; :func:`kernel_masks` made it the
+        # kernel's f32 [batch or 1, 1, q_len, kv_len]) goes last, after the recomputed
+        # forward's operands.
+        mask = [] if named["mask"] is None else [(_tensor_operands(node) - 1, list(named["mask"].shape))]
         if name == "flash_attention_bwd":
-            ins = [(i, list(t.shape)) for i, t in enumerate(args[:4])]
+            ins = [(i, list(t.shape)) for i, t in enumerate(args[:4])] + mask
             outs = [(list(t.shape), dt) for t in (q, k, v)]
             return KernelCall("flash_attention_bwd", params, ins, outs, [0, 1, 2])
-        ins = [(i, list(t.shape)) for i, t in enumerate((q, k, v))]
+        ins = [(i, list(t.shape)) for i, t in enumerate((q, k, v))] + mask
         outs = [(list(q.shape), dt), ([*q.shape[:3], 1], "f32")]
         return KernelCall("flash_attention", params, ins, outs, [0] if name == "flash_attention" else [0, 1])
     if name == "paged_attention":
@@ -126,6 +131,52 @@ def kernel_call(node: torch.fx.Node) -> KernelCall:
     if name in ("varlen_attention", "varlen_attention_fwd", "varlen_attention_bwd"):
         return _varlen_call(node, name, args)
     raise LoweringError(f"tessera.{name} has no custom-call lowering")
+
+
+_ATTENTION = ("flash_attention", "flash_attention_fwd", "flash_attention_bwd")
+
+
+def _tensor_operands(node: torch.fx.Node) -> int:
+    """How many tensor operands the node's ``torch.operator`` has (its node arguments)."""
+    return sum(isinstance(a, torch.fx.Node) for a in _named_args(node, list(node.args)).values())
+
+
+def kernel_masks(gm: torch.fx.GraphModule):
+    """Gives every attention node's score mask the form the kernel takes, f32 ``[batch or
+    1, 1, q_len, kv_len]`` (additive; a boolean mask's hidden keys ``-inf``), with ATen
+    nodes before it that XLA fuses; masks already in that form are left alone."""
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node.op != "call_function" or getattr(node.target, "namespace", None) != "tessera" \
+                or node.target._opname not in _ATTENTION:
+            continue
+        named = _named_args(node, list(node.args))
+        mask = named["mask"]
+        if not isinstance(mask, torch.fx.Node):
+            continue
+        q, k, m = _val(named["q"]), _val(named["k"]), _val(mask)
+        kind = _attention_mask(q, k, m)
+        shape = [q.shape[0] if kind == "batch" else 1, 1, q.shape[2], k.shape[2]]
+        if m.dtype == torch.float32 and list(m.shape) == shape:
+            continue
+
+        def add(target, *args, **kwargs):
+            with graph.inserting_before(node):
+                new = graph.call_function(target, args, kwargs)
+            with getattr(m, "fake_mode", None) or contextlib.nullcontext():
+                new.meta["val"] = target(*[_val(a) if isinstance(a, torch.fx.Node) else a for a in args], **kwargs)
+            new.meta["tensor_meta"] = _extract_tensor_metadata(new.meta["val"])
+            return new
+
+        aten = torch.ops.aten
+        if m.dtype == torch.bool:
+            additive = add(aten.where.Scalar, mask, 0.0, float("-inf"))
+        else:
+            additive = add(aten._to_copy.default, mask, dtype=torch.float32)
+        formed = add(aten.expand.default, additive, shape) if list(m.shape) != shape else additive
+        if formed.meta["val"].shape != tuple(shape) or not formed.meta["val"].is_contiguous():
+            formed = add(aten.clone.default, formed, memory_format=torch.contiguous_format)
+        node.replace_input_with(mask, formed)
 
 
 def _named_args(node: torch.fx.Node, args: list) -> dict:
@@ -328,6 +379,7 @@ def to_stablehlo(gm: torch.fx.GraphModule, target: str = "cpu", mesh: int = 1) -
     from torch_mlir.extras.fx_importer import FxImporter
 
     kernel_namespaces = {"tessera"} | library.namespaces()
+    kernel_masks(gm)
     calls = [kernel_call(n) for n in gm.graph.nodes
              if n.op == "call_function" and getattr(n.target, "namespace", None) in kernel_namespaces]
     context = ir.Context()
@@ -386,6 +438,8 @@ def _sharded_dims(call: KernelCall, mesh: int):
             return [None, None, 1, 0, 0], [1], p
         dim = 0 if call.kernel.startswith("varlen") else 1
         ins = [dim if len(shape) >= 3 else None for _, shape in call.inputs]
+        if p.get("mask", "none") != "none":  # one score mask for every head
+            ins[-1] = None
         return ins, [dim] * len(call.outputs), p
     if "rows" in p and call.kernel in ("softmax", "rms_norm", "layer_norm", "swiglu"):
         if p["rows"] % mesh:

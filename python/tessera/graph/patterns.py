@@ -10,7 +10,9 @@ Patterns:
 - scaled-dot-product attention: ``is_causal``; a constant mask (from constants and
   buffers, which are assumed not to change; boolean or additive; the same for every
   batch entry and head) that is causal, sliding-window or all-visible, folded into
-  ``is_causal`` and ``window``; ``scale``; GQA through ``enable_gqa``,
+  ``is_causal`` and ``window``; any other mask that is the same for every head
+  (padding, a decode step's cache mask, an additive bias) as the kernel's score mask;
+  ``scale``; GQA through ``enable_gqa``,
   ``repeat_interleave(n, dim=1)`` or the ``repeat_kv`` ``[:, :, None].expand(..)
   .reshape(..)`` of k/v. Also attention written out (Transformers' eager form, with
   Gemma 2's soft-capping).
@@ -26,6 +28,8 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
+
+from .. import _attention_mask
 
 _SDPA = {F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}
 _RMS_NORM = {torch.rms_norm, F.rms_norm}
@@ -176,8 +180,11 @@ def mask_options(mask, sq: int, sk: int, constants: Callable):
 
 
 def _kernel_options(q, k, v, out, mask, is_causal, constants):
-    """``(is_causal, window)`` of the flash attention call computing ``out`` from these
-    q/k/v nodes and mask, or why the kernel cannot take it."""
+    """``(is_causal, window, mask)`` of the flash attention call computing ``out`` from
+    these q/k/v nodes and mask, or why the kernel cannot take it. A constant causal or
+    sliding-window mask is folded into ``is_causal`` and ``window``; any other mask the
+    kernel takes (padding, a decode step's cache mask, an additive bias; the same for
+    every head) is passed on as its score mask."""
     qv, kv, vv, ov = _val(q), _val(k), _val(v), _val(out)
     if any(t is None for t in (qv, kv, vv, ov)):
         return "shapes unknown"
@@ -188,10 +195,22 @@ def _kernel_options(q, k, v, out, mask, is_causal, constants):
     if kv.shape != vv.shape or qv.shape[-1] > 256 or qv.shape[1] % kv.shape[1] or ov.shape != qv.shape:
         return "k/v shapes differ, head dim above 256, or kv heads do not divide q heads"
     if mask is None:
-        return bool(is_causal), None
+        return bool(is_causal), None, None
     if is_causal:
         return "both attn_mask and is_causal"
-    return mask_options(mask, qv.shape[2], kv.shape[2], constants)
+    folded = mask_options(mask, qv.shape[2], kv.shape[2], constants)
+    if not isinstance(folded, str):
+        return (*folded, None)
+    mv = _val(mask)
+    if mv is None:
+        return f"{folded}; its shape is unknown"
+    if mv.requires_grad:
+        return f"{folded}; it requires grad (the kernel gives the mask no gradient)"
+    try:
+        _attention_mask(qv, kv, mv)
+    except ValueError as e:
+        return f"{folded}; {e}"
+    return False, None, mask
 
 
 def sdpa_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -239,7 +258,7 @@ def _attention(graph, report, constants):
             if isinstance(options, str):
                 why = options
             else:
-                is_causal, window = options
+                is_causal, window, mask = options
         if why:
             report.miss("scaled_dot_product_attention", why)
             with graph.inserting_after(n):
@@ -248,7 +267,8 @@ def _attention(graph, report, constants):
             n.replace_all_uses_with(plain)
             graph.erase_node(n)
             continue
-        args = (q, k, v, bool(is_causal), scale) + (() if window is None else (window,))
+        args = (q, k, v, bool(is_causal), scale) + (() if window is None and mask is None else (window,))
+        args += () if mask is None else (None, mask)
         _replace(graph, n, torch.ops.tessera.flash_attention, args, report, "flash_attention")
 
 
@@ -316,9 +336,9 @@ def _eager_attention(graph, report, constants):
         if why:
             report.miss("attention (eager form)", why)
             continue
-        causal, window = options
-        _replace(graph, out, torch.ops.tessera.flash_attention, (q, k, v, causal, scale, window, softcap),
-                 report, "flash_attention")
+        causal, window, mask = options
+        args = (q, k, v, causal, scale, window, softcap) + (() if mask is None else (mask,))
+        _replace(graph, out, torch.ops.tessera.flash_attention, args, report, "flash_attention")
 
 
 # ---- norms, softmax, swiglu -----------------------------------------------------------
