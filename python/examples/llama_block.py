@@ -4,8 +4,6 @@ flash attention, SwiGLU), with a pure-PyTorch twin; used by the tests and runnab
     .venv/bin/python python/examples/llama_block.py
 """
 
-import math
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

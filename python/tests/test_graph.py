@@ -313,7 +313,7 @@ def test_explain_graph_prints_what_would_be_substituted(capsys):
 # ---- caching, fallbacks, dynamic shapes, observability ----------------------------------
 
 
-def test_recompiling_the_same_graph_hits_the_memory_cache():
+def test_recompiling_the_same_graph_hits_the_memory_cache(xla_path):
     model, inputs = build("resnet18")
     with torch.no_grad():
         compiled(model)(*inputs)
@@ -324,7 +324,7 @@ def test_recompiling_the_same_graph_hits_the_memory_cache():
     assert stats["graphs"] == 2 and stats["cache_hits"]["memory"] == first + 1, stats
 
 
-def test_a_new_process_loads_the_executable_from_disk(tmp_path):
+def test_a_new_process_loads_the_executable_from_disk(tmp_path, xla_path):
     script = (
         "import sys, torch, tessera; sys.path.insert(0, %r)\n"
         "from models import build\n"
@@ -358,7 +358,7 @@ def run_small_graphs(cache_dir):
     return r
 
 
-def test_corrupt_cache_entries_are_recompiled_with_a_warning(tmp_path):
+def test_corrupt_cache_entries_are_recompiled_with_a_warning(tmp_path, xla_path):
     run_small_graphs(tmp_path)
     entries = list((tmp_path / "xla").glob("*.bin"))
     assert len(entries) == 2, entries
@@ -374,7 +374,7 @@ def test_corrupt_cache_entries_are_recompiled_with_a_warning(tmp_path):
     assert "warning" not in r.stderr and r.stdout.startswith("{'memory': 0, 'disk': 2}"), (r.stdout, r.stderr)
 
 
-def test_an_unwritable_cache_dir_runs_from_memory_and_warns_once(tmp_path):
+def test_an_unwritable_cache_dir_runs_from_memory_and_warns_once(tmp_path, xla_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("a file where the cache directory should be")
     r = run_small_graphs(blocker / "cache")
@@ -386,7 +386,7 @@ def unsupported(x):
     return torch.fft.rfft(x).abs() + 1
 
 
-def test_an_op_torch_mlir_cannot_lower_runs_eagerly_with_a_warning():
+def test_an_op_torch_mlir_cannot_lower_runs_eagerly_with_a_warning(xla_path):
     x = torch.randn(4, 8)
     with pytest.warns(UserWarning, match=r"runs eagerly: torch-mlir cannot lower aten._fft_r2c"):
         got = compiled(unsupported)(x)
@@ -394,14 +394,14 @@ def test_an_op_torch_mlir_cannot_lower_runs_eagerly_with_a_warning():
     assert list(tessera.graph_stats()["fallbacks"].values()) == ["torch-mlir cannot lower aten._fft_r2c to StableHLO"]
 
 
-def test_strict_mode_makes_a_fallback_an_error(monkeypatch):
+def test_strict_mode_makes_a_fallback_an_error(monkeypatch, xla_path):
     monkeypatch.setenv("TESSERA_GRAPH_STRICT", "1")
     with pytest.raises(Exception, match="aten._fft_r2c") as info:
         compiled(unsupported)(torch.randn(4, 8))
     assert GraphModeError.__name__ in str(info.value)  # Dynamo wraps backend errors
 
 
-def test_dynamic_shapes_compile_each_shape_up_to_a_bound(monkeypatch):
+def test_dynamic_shapes_compile_each_shape_up_to_a_bound(monkeypatch, xla_path):
     monkeypatch.setenv("TESSERA_GRAPH_SHAPES", "2")
 
     def f(x):
@@ -437,7 +437,7 @@ def test_dynamic_shapes_train_like_eager():
     assert stats["kernels"].get("layer_norm") == 2 and stats["fallbacks"] == {}, stats
 
 
-def test_dump_and_debug_log(tmp_path, monkeypatch, capfd):
+def test_dump_and_debug_log(tmp_path, monkeypatch, capfd, xla_path):
     monkeypatch.setenv("TESSERA_DUMP", str(tmp_path))
     monkeypatch.setenv("TESSERA_LOG", "debug")
     model, inputs = build("llama")

@@ -44,7 +44,7 @@ def ids(seq=16):
 
 
 @pytest.mark.parametrize("name", sorted(DECODER_KERNELS))
-def test_causal_lm_default_call_matches_eager_and_takes_the_kernels(name):
+def test_causal_lm_default_call_matches_eager_and_takes_the_kernels(name, both_compilers):
     model = causal_lm(name).eval()
     tokens = ids()
     with torch.no_grad():
@@ -84,7 +84,7 @@ def test_eager_attention_with_active_dropout_says_why_it_is_not_taken():
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
-def test_causal_lm_training_step_matches_eager(name):
+def test_causal_lm_training_step_matches_eager(name, both_compilers):
     model = causal_lm(name).train()
     model.config.use_cache = False
     twin = copy.deepcopy(model)
@@ -102,7 +102,7 @@ def test_causal_lm_training_step_matches_eager(name):
 
 
 @pytest.mark.parametrize("name", ["llama", "mistral", "gemma2"])
-def test_padded_batch_matches_eager_and_takes_the_kernel_with_its_mask(name):
+def test_padded_batch_matches_eager_and_takes_the_kernel_with_its_mask(name, both_compilers):
     # A padding mask depends on the input: flash attention takes it as its score mask
     # (rows that see no key give 0, as PyTorch's kernel does), with the sliding window
     # (Mistral) or soft-cap (Gemma 2) on top.
@@ -118,7 +118,7 @@ def test_padded_batch_matches_eager_and_takes_the_kernel_with_its_mask(name):
     assert stats["kernels"]["flash_attention"] == LAYERS, stats
 
 
-def test_padded_training_step_matches_eager():
+def test_padded_training_step_matches_eager(both_compilers):
     model = causal_lm("llama").train()
     twin = copy.deepcopy(model)
     tokens, mask = ids(), torch.ones(2, 16, dtype=torch.long)
@@ -135,7 +135,7 @@ def test_padded_training_step_matches_eager():
     assert stats["kernels"].get("flash_attention_bwd") == LAYERS, stats
 
 
-def test_bert_with_padding_takes_attention_with_its_mask():
+def test_bert_with_padding_takes_attention_with_its_mask(both_compilers):
     model = library.bert().eval()
     tokens, mask = ids(), torch.ones(2, 16, dtype=torch.long)
     mask[1, 11:] = 0
@@ -168,7 +168,7 @@ VISION_KERNELS = {
 
 
 @pytest.mark.parametrize("name", sorted(VISION_KERNELS))
-def test_timm_model_matches_eager_with_no_eager_graph(name):
+def test_timm_model_matches_eager_with_no_eager_graph(name, both_compilers):
     model, x = library.vision(name)
     model.eval()
     with torch.no_grad():
@@ -180,7 +180,7 @@ def test_timm_model_matches_eager_with_no_eager_graph(name):
     assert stats["kernels"] == VISION_KERNELS[name], stats
 
 
-def test_diffusers_unet_matches_eager_with_no_eager_graph():
+def test_diffusers_unet_matches_eager_with_no_eager_graph(both_compilers):
     unet, inputs = library.diffusion_unet()
     unet.eval()
     with torch.no_grad():
@@ -196,7 +196,7 @@ def test_diffusers_unet_matches_eager_with_no_eager_graph():
 # ---- never raise ------------------------------------------------------------------------
 
 
-def test_a_graph_with_a_tensor_constant_compiles_forward_and_backward():
+def test_a_graph_with_a_tensor_constant_compiles_forward_and_backward(xla_path):
     # Transformers' caches put tensor constants in every graph; copying them under
     # AOTAutograd's fake mode used to crash the backend.
     def f(x):
@@ -229,7 +229,7 @@ def test_an_unexpected_failure_runs_the_graph_eagerly_with_one_warning(monkeypat
         torch.compile(lambda t: t.softmax(-1) * 3, backend="tessera")(x)
 
 
-def test_a_failing_compiled_run_falls_back_to_eager(monkeypatch):
+def test_a_failing_compiled_run_falls_back_to_eager(monkeypatch, xla_path):
     f = torch.compile(lambda t: t.cos() + 1, backend="tessera")
     x = torch.randn(6)
     torch.testing.assert_close(f(x), x.cos() + 1)
@@ -277,7 +277,7 @@ def test_squeeze_dims_and_restriding_views_import():
     assert tessera.graph_stats()["fallbacks"] == {}, tessera.graph_stats()
 
 
-def test_a_failure_names_only_the_ops_that_failed():
+def test_a_failure_names_only_the_ops_that_failed(xla_path):
     def f(x):
         return torch.fft.rfft(torch.ops.tessera.softmax(x)).abs()
 
@@ -334,7 +334,7 @@ def test_the_readmes_attention_implementation_snippet_runs():
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
-def test_generate_gives_eagers_tokens_with_no_eager_graph(cache):
+def test_generate_gives_eagers_tokens_with_no_eager_graph(cache, xla_path):
     # The dynamic cache: Dynamo turns the growing length dynamic after the second step,
     # and each length then gets its own static graph (within TESSERA_GRAPH_SHAPES). The
     # static cache: its decode masks the cache by an input (cache_position), which the

@@ -1,7 +1,9 @@
 """Graph mode: ``torch.compile(model, backend="tessera")``.
 
-With ``options={"compiler": "inductor"}`` (or ``TESSERA_GRAPH_COMPILER=inductor``) the
-substituted graph goes to Inductor instead of the XLA path below.
+After substitution the graph goes to Inductor (the default on CPU: Tessera's ops are its
+extern kernels, the rest Inductor's generated code and caches) or, with
+``options={"compiler": "xla"}`` (or ``TESSERA_GRAPH_COMPILER=xla``), down the XLA path
+below, which TPU export shares.
 
 Dynamo -> kernel substitution (``patterns``: attention, norms, softmax, SwiGLU become
 ``torch.ops.tessera.*``) -> AOTAutograd (forward and backward graphs, core ATen) ->
@@ -30,7 +32,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-from .. import _tessera
+from .. import _tessera, library
 from ..trace import record_fallback
 from . import decompositions, lower, patterns
 from .lower import LoweringError
@@ -43,7 +45,15 @@ class GraphModeError(RuntimeError):
 
 
 def _empty_stats() -> Dict:
-    return {"graphs": 0, "cache_hits": {"memory": 0, "disk": 0}, "kernels": {}, "fallbacks": {}, "shapes": {}}
+    return {"graphs": 0, "cache_hits": {"memory": 0, "disk": 0}, "kernels": {}, "fallbacks": {}, "shapes": {},
+            "inductor_cache": {counter: 0 for counter in _INDUCTOR_COUNTERS.values()}}
+
+
+# Inductor's cache counters (torch._dynamo.utils.counters) -> their names in graph_stats().
+_INDUCTOR_COUNTERS = {
+    ("inductor", "fxgraph_cache_hit"): "fx_graph_hits",
+    ("inductor", "fxgraph_cache_miss"): "fx_graph_misses",
+}
 
 
 _stats = _empty_stats()
@@ -52,10 +62,12 @@ _warned = set()
 
 
 def graph_stats() -> Dict:
-    """``graphs`` (executables compiled), ``cache_hits`` (``{"memory": n, "disk": n}``),
-    ``kernels`` (``{kernel: custom calls in compiled graphs}``), ``fallbacks``
-    (``{op or pattern: reason}``), ``shapes`` (``{graph: shapes compiled}`` for graphs
-    with dynamic shapes)."""
+    """``graphs`` (graphs compiled: forward and backward count apart on the XLA path, as
+    one on Inductor's), ``cache_hits`` (the XLA path's ``{"memory": n, "disk": n}``),
+    ``inductor_cache`` (the Inductor path's FX graph cache hits and misses), ``kernels``
+    (``{kernel: calls in compiled graphs}``), ``fallbacks`` (``{op or pattern:
+    reason}``), ``shapes`` (``{graph: shapes compiled}`` for graphs with
+    dynamic shapes, ``"dynamic"`` when Inductor compiled it once for all)."""
     return copy.deepcopy(_stats)
 
 
@@ -277,13 +289,13 @@ def _dynamic(example_inputs) -> bool:
     return False
 
 
-COMPILERS = ("xla", "inductor")
+COMPILERS = ("inductor", "xla")
 
 
 def _compiler(options) -> str:
     """The compiler after substitution: ``options={"compiler": ...}`` of
-    ``torch.compile``, else ``TESSERA_GRAPH_COMPILER``, else ``xla``."""
-    name = (options or {}).get("compiler") or os.environ.get("TESSERA_GRAPH_COMPILER") or "xla"
+    ``torch.compile``, else ``TESSERA_GRAPH_COMPILER``, else ``inductor``."""
+    name = (options or {}).get("compiler") or os.environ.get("TESSERA_GRAPH_COMPILER") or "inductor"
     if name not in COMPILERS:
         raise GraphModeError(f"compiler {name!r}: expected one of {', '.join(COMPILERS)}")
     unknown = set(options or {}) - {"compiler"}
@@ -294,8 +306,8 @@ def _compiler(options) -> str:
 
 def tessera_backend(gm: torch.fx.GraphModule, example_inputs, options=None, **kwargs):
     """The ``torch.compile`` backend ``"tessera"``. After substitution the graph goes to
-    XLA (``options={"compiler": "xla"}``, the default) or to Inductor (``"inductor"``,
-    Tessera's ops as extern kernels). It never raises on a graph it cannot take (unless
+    Inductor (``options={"compiler": "inductor"}``, the default: Tessera's ops as extern
+    kernels) or to XLA (``"xla"``, the path TPU export shares). It never raises on a graph it cannot take (unless
     ``TESSERA_GRAPH_STRICT=1``): the graph then runs eagerly, with one warning naming
     the cause. A graph Dynamo traced with dynamic shapes goes to Inductor as it is (one
     compile for every shape) when that compiler is chosen and takes it, else is compiled
@@ -431,20 +443,77 @@ def _substitute_and_compile(gm: torch.fx.GraphModule, example_inputs, name: str,
            + (f"; kept {report.skipped}" if report.skipped else ""))
 
     if compiler == "inductor":
-        from torch._inductor.compile_fx import compile_fx
-
-        run = compile_fx(gm, example_inputs)
-        _stats["graphs"] += 1
-        for op, n in report.substituted.items():
-            _stats["kernels"][op] = _stats["kernels"].get(op, 0) + n
-        _debug(f"{name}: compiled by Inductor")
-        return run
+        return _inductor(gm, example_inputs, name, report)
 
     def xla(kind):
         return lambda g, ex: _compile(g, ex, name=f"{name}.{kind}")
 
     return aot_autograd(fw_compiler=xla("forward"), bw_compiler=xla("backward"),
                         decompositions=decompositions.table())(gm, example_inputs)
+
+
+def _inductor(gm: torch.fx.GraphModule, example_inputs, name: str, report):
+    """The substituted graph compiled by Inductor, run eagerly from then on if a run
+    fails. The kernels are counted in the forward and backward graphs Inductor compiles;
+    its FX graph cache serves them (hits and misses in ``graph_stats()["inductor_cache"]``),
+    while AOTAutograd's cache, which would skip those graphs, is off for these compiles."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+    eager = _copy(gm).forward
+
+    def count_kernels(graph_module, *args, **kwargs):
+        # Called for the forward now and for the backward at its first run.
+        for op, n in _kernel_nodes(graph_module.graph).items():
+            _stats["kernels"][op] = _stats["kernels"].get(op, 0) + n
+        before = {key: counters[key[0]][key[1]] for key in _INDUCTOR_COUNTERS}
+        compiled = compile_fx_inner(graph_module, *args, **kwargs)
+        for key, stat in _INDUCTOR_COUNTERS.items():
+            _stats["inductor_cache"][stat] += counters[key[0]][key[1]] - before[key]
+        return compiled
+
+    with torch._functorch.config.patch(enable_autograd_cache=False):
+        run = compile_fx(gm, example_inputs, inner_compile=count_kernels)
+    _stats["graphs"] += 1
+    _debug(f"{name}: compiled by Inductor; substituted {report.substituted or 'nothing'}")
+    state = {"run": run}
+
+    def guarded(*args):
+        try:
+            return state["run"](*args)
+        except GraphModeError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a backend must not raise on a graph it cannot run
+            if state["run"] is eager:
+                raise
+            state["run"] = eager
+            _fallback(f"graph {name}", f"running the compiled graph failed: {_cause(e)}")
+            return eager(*args)
+
+    return guarded
+
+
+def _kernel_nodes(graph: torch.fx.Graph) -> Dict[str, int]:
+    """The Tessera kernel calls in an ATen graph, named as on the XLA path (a forward op
+    by its kernel, a user library op as ``namespace::op``)."""
+    found = {}
+    namespaces = {"tessera"} | library.namespaces()
+    for n in graph.nodes:
+        # OpOverloads after AOTAutograd, packets (torch.ops.tessera.x) as substituted.
+        target = n.target
+        if isinstance(target, torch._ops.OpOverload):
+            qualified = target.name()
+        elif isinstance(target, torch._ops.OpOverloadPacket):
+            qualified = target._qualified_op_name
+        else:
+            continue
+        namespace, _, op = qualified.partition("::")
+        op = op.split(".")[0]
+        if n.op != "call_function" or namespace not in namespaces:
+            continue
+        label = op.removesuffix("_fwd") if namespace == "tessera" else f"{namespace}::{op}"
+        found[label] = found.get(label, 0) + 1
+    return found
 
 
 def explain_graph(model, *args, **kwargs) -> Dict:

@@ -1,0 +1,17 @@
+"""Fixtures every test module may take by name."""
+
+import pytest
+
+
+@pytest.fixture
+def xla_path(monkeypatch):
+    """Graph mode compiles on the XLA path (the default is Inductor), in this process and
+    the ones a test starts."""
+    monkeypatch.setenv("TESSERA_GRAPH_COMPILER", "xla")
+
+
+@pytest.fixture(params=["inductor", "xla"])
+def both_compilers(request, monkeypatch):
+    """Runs a test on each compiler graph mode hands the substituted graph to."""
+    monkeypatch.setenv("TESSERA_GRAPH_COMPILER", request.param)
+    return request.param
