@@ -31,10 +31,10 @@ pub(crate) fn runtime_failure(message: impl Into<String>) -> Failure {
 }
 
 /// A failed run: exit 2 when an array could not be allocated (its size came from the
-/// command line), 1 otherwise.
+/// command line) or a kernel's `check` failed (bad input data), 1 otherwise.
 pub(crate) fn run_failure(context: &str, e: BoxError) -> Failure {
     let message = format!("{context}: {e}");
-    if AllocError::in_chain(&*e) {
+    if AllocError::in_chain(&*e) || kernel_ir::ops::CheckFailure::in_chain(&*e).is_some() {
         usage(message)
     } else {
         runtime_failure(message)

@@ -4,8 +4,8 @@
 //! also runs the verifier.
 
 use crate::ir::{
-    BinaryOp, BlockSpec, CmpPred, DimSemantics, Index, Kernel, Literal, MemorySpace, Op, OpKind,
-    ReduceOp, RefDecl, RefId, RefKind, Region, UnaryOp, Value,
+    BinaryOp, BlockSpec, CheckKind, CmpPred, DimSemantics, Index, Kernel, Literal, MemorySpace, Op,
+    OpKind, ReduceOp, RefDecl, RefId, RefKind, Region, UnaryOp, Value,
 };
 use crate::ops::{infer, TypeEnv};
 use crate::types::{DType, TensorType};
@@ -233,6 +233,27 @@ impl KernelBuilder {
     pub fn debug_print(&mut self, message: impl Into<String>, values: Vec<Value>) {
         let message = message.into();
         self.push(OpKind::DebugPrint { message, values }, vec![]);
+    }
+
+    /// Fails the run (as `kind`) with `message` and `values` when an element of the bool
+    /// tensor `cond` is false (on the interpreter and native).
+    pub fn check(
+        &mut self,
+        kind: CheckKind,
+        cond: Value,
+        message: impl Into<String>,
+        values: Vec<Value>,
+    ) {
+        let message = message.into();
+        self.push(
+            OpKind::Check {
+                kind,
+                cond,
+                message,
+                values,
+            },
+            vec![],
+        );
     }
 
     /// Broadcasts `x` into `shape`, operand dim `i` going to result dim `dims[i]`.
@@ -558,7 +579,10 @@ fn yielded(region: &Region) -> &[Value] {
 
 fn expected_results(kind: &OpKind) -> usize {
     match kind {
-        OpKind::Store { .. } | OpKind::Yield { .. } | OpKind::DebugPrint { .. } => 0,
+        OpKind::Store { .. }
+        | OpKind::Yield { .. }
+        | OpKind::DebugPrint { .. }
+        | OpKind::Check { .. } => 0,
         OpKind::For { inits, .. } => inits.len(),
         _ => 1,
     }

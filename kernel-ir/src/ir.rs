@@ -791,6 +791,46 @@ pub enum OpKind {
         /// The values printed (any types).
         values: Vec<Value>,
     },
+    /// Fails the run when any element of `cond` is false (Pallas' `checkify`): the
+    /// interpreter and native report the first failing program with `message` and the
+    /// values, as the error `kind` names; the XLA and Mosaic lowerings drop it.
+    Check {
+        /// What the failure stands for (a bad value, an index out of range).
+        kind: CheckKind,
+        /// Bool tensor of any shape; every element must be true.
+        cond: Value,
+        /// Text of the error, before the values.
+        message: String,
+        /// Values reported with the failure (any types).
+        values: Vec<Value>,
+    },
+}
+
+/// What a failed [`OpKind::Check`] stands for; torch ops raise the matching Python error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CheckKind {
+    /// A bad value (`ValueError`).
+    Value,
+    /// An index out of range (`IndexError`).
+    Index,
+}
+
+impl CheckKind {
+    /// The op's mnemonic for this kind (`check`, `check_index`).
+    pub fn mnemonic(self) -> &'static str {
+        match self {
+            CheckKind::Value => "check",
+            CheckKind::Index => "check_index",
+        }
+    }
+
+    /// The Python exception a failure of this kind raises through the torch ops.
+    pub fn python_error(self) -> &'static str {
+        match self {
+            CheckKind::Value => "ValueError",
+            CheckKind::Index => "IndexError",
+        }
+    }
 }
 
 impl OpKind {
@@ -817,6 +857,7 @@ impl OpKind {
             OpKind::If { .. } => "if",
             OpKind::Yield { .. } => "yield",
             OpKind::DebugPrint { .. } => "debug_print",
+            OpKind::Check { kind, .. } => kind.mnemonic(),
         }
     }
 
@@ -895,6 +936,9 @@ impl OpKind {
                 .collect(),
             OpKind::If { cond, .. } => vec![*cond],
             OpKind::Yield { values } | OpKind::DebugPrint { values, .. } => values.clone(),
+            OpKind::Check { cond, values, .. } => std::iter::once(*cond)
+                .chain(values.iter().copied())
+                .collect(),
         }
     }
 }

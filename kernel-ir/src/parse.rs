@@ -5,9 +5,9 @@ use std::collections::HashMap;
 use std::fmt;
 
 use crate::ir::{
-    BinaryOp, BlockDim, BlockSpec, CmpPred, DimSemantics, Index, IndexBinOp, IndexExpr, IndexMap,
-    Kernel, Literal, MemorySpace, Op, OpKind, ReduceOp, RefDecl, RefId, RefKind, Region, Start,
-    UnaryOp, Value,
+    BinaryOp, BlockDim, BlockSpec, CheckKind, CmpPred, DimSemantics, Index, IndexBinOp, IndexExpr,
+    IndexMap, Kernel, Literal, MemorySpace, Op, OpKind, ReduceOp, RefDecl, RefId, RefKind, Region,
+    Start, UnaryOp, Value,
 };
 use crate::types::{DType, TensorType};
 
@@ -286,6 +286,17 @@ impl Parser {
             Ok(())
         } else {
             Err(self.expected(&format!("`{c}`")))
+        }
+    }
+
+    /// A quoted string (a `debug_print`'s or a `check`'s message).
+    fn message(&mut self) -> PResult<String> {
+        match self.next() {
+            Tok::Str(s) => Ok(s),
+            _ => {
+                self.pos -= 1;
+                Err(self.expected("a quoted message"))
+            }
         }
     }
 
@@ -832,15 +843,29 @@ impl Parser {
                 ))
             }
             "debug_print" => {
-                let message = match self.next() {
-                    Tok::Str(s) => s,
-                    _ => {
-                        self.pos -= 1;
-                        return Err(self.expected("a quoted message"));
-                    }
-                };
+                let message = self.message()?;
                 let values = self.list(|p| p.use_value())?;
                 Ok((OpKind::DebugPrint { message, values }, vec![]))
+            }
+            "check" | "check_index" => {
+                let kind = if m == "check" {
+                    CheckKind::Value
+                } else {
+                    CheckKind::Index
+                };
+                let cond = self.use_value()?;
+                self.punct(',')?;
+                let message = self.message()?;
+                let values = self.list(|p| p.use_value())?;
+                Ok((
+                    OpKind::Check {
+                        kind,
+                        cond,
+                        message,
+                        values,
+                    },
+                    vec![],
+                ))
             }
             "broadcast" => {
                 let x = self.use_value()?;

@@ -324,6 +324,16 @@ fn op_line(kernel: &Kernel, namer: &Namer, op: &Op) -> String {
             let vs: Vec<String> = values.iter().map(n).collect();
             format!("{m} {} [{}]", crate::parse::quote(message), vs.join(", "))
         }
+        OpKind::Check {
+            cond,
+            message,
+            values,
+            ..
+        } => {
+            let vs: Vec<String> = values.iter().map(n).collect();
+            let quoted = crate::parse::quote(message);
+            format!("{m} {}, {quoted} [{}]", n(cond), vs.join(", "))
+        }
         OpKind::For {
             lower,
             upper,

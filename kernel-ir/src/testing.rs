@@ -18,7 +18,7 @@ fn spec(shape: [u64; 2]) -> BlockSpecFn {
 /// transposed), loads of whole blocks, static and dynamic slices, a single row and
 /// masked lanes, plain and masked stores, an `if` with a result, a `for` with a carried
 /// value, `select`, casts between bool, i32, bf16 and f32, `iota`, `program_id`,
-/// `num_programs`, `debug_print`. Outputs: `f32[16, 8]`, `i32[16, 8]`.
+/// `num_programs`, `debug_print`, `check`, `check_index`. Outputs: `f32[16, 8]`, `i32[16, 8]`.
 pub fn op_zoo() -> Kernel {
     let f = TensorType::new(DType::F32, [16, 8]);
     let i = TensorType::new(DType::I32, [16, 8]);
@@ -29,6 +29,9 @@ pub fn op_zoo() -> Kernel {
         let rows = x.load(s![ds(2, 4), ..]).sum(0) + x.load(s![ds(pid, 4), ..]).max(0);
         let row = x.load(s![3, ..]) + rows;
         debug_print!("op_zoo row:", pid, row, row.gt(0.0));
+        // Checks that hold for every input (a failing one is tested on its own).
+        check!(row.eq(row) | row.ne(row), "op_zoo row:", row);
+        check_index!(pid.ge(0), "op_zoo pid:", pid);
         let masked = x.load_masked(s![.., ..], v.gt(0.0), -1.0);
         let gram = v.dot(masked.t()) * 0.125 + dot_general(v, v, false, true) * 0.0625;
         let v = v + gram.reshape([64]).reshape([8, 8]) + row.expand_dims(0);
@@ -217,7 +220,8 @@ mod tests {
                 | OpKind::For { .. }
                 | OpKind::If { .. }
                 | OpKind::Yield { .. }
-                | OpKind::DebugPrint { .. } => {}
+                | OpKind::DebugPrint { .. }
+                | OpKind::Check { .. } => {}
             }
         }
         let structural = [
@@ -238,6 +242,8 @@ mod tests {
             "if",
             "yield",
             "debug_print",
+            "check",
+            "check_index",
             "index.full",
             "index.at",
             "index.slice.static",

@@ -151,3 +151,37 @@ proptest! {
         let _ = parse_kernel(&text);
     }
 }
+
+#[test]
+fn checks_round_trip_and_need_a_bool_condition() {
+    let base = print_kernel(&add_one(16, 128, 8));
+    let with_check = base.replace(
+        "store %out0[:, :], %2",
+        "%9 = cmp gt %2, %1 : bool[8, 128]\n    check_index %9, \"bad\" [%2]\n    \
+         check %9, \"also bad\" []\n    store %out0[:, :], %2",
+    );
+    let k = parse_kernel(&with_check).unwrap_or_else(|e| panic!("{e}\n{with_check}"));
+    let printed = print_kernel(&k);
+    assert_eq!(print_kernel(&parse_kernel(&printed).unwrap()), printed);
+    let kinds: Vec<_> = k
+        .body
+        .ops
+        .iter()
+        .filter_map(|op| match &op.kind {
+            kernel_ir::OpKind::Check { kind, message, .. } => Some((*kind, message.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            (kernel_ir::CheckKind::Index, "bad".to_string()),
+            (kernel_ir::CheckKind::Value, "also bad".to_string())
+        ]
+    );
+    let e = parse_err(&with_check.replace("check %9,", "check %2,"));
+    assert!(
+        e.contains("the condition has type f32[8, 128], expected bool"),
+        "{e}"
+    );
+}

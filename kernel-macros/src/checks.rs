@@ -21,6 +21,8 @@ const COMPTIME_METHODS: &[&str] = &[
 const MACROS: &[&str] = &[
     "s",
     "debug_print",
+    "check",
+    "check_index",
     "vec",
     "assert",
     "assert_eq",
@@ -103,7 +105,8 @@ pub fn unsupported_macro(mac: &Macro) -> Option<syn::Error> {
         &mac.path,
         format!(
             "macro `{name}!` cannot run inside a kernel: the body is traced into IR, so only \
-             `s![...]` (slices), `debug_print!` and compile-time `vec!`/`assert!` are supported"
+             `s![...]` (slices), `debug_print!`, `check!`, `check_index!` and compile-time \
+             `vec!`/`assert!` are supported"
         ),
     ))
 }

@@ -76,18 +76,21 @@ impl Lowering for StableHlo {
     }
 }
 
-/// Warns, once per process and target, that the target drops `kernel`'s
-/// `debug_print`s (StableHLO has no print; Mosaic's prints need a TPU to show).
+/// Warns, once per process and target, that the target drops `kernel`'s `debug_print`s
+/// and `check`s (StableHLO has neither; Mosaic's prints and asserts need a TPU to show).
 fn warn_dropped_prints(kernel: &Kernel, target: &str, warned: &'static Once) {
-    let mut prints = 0;
-    kernel.body.walk(&mut |op| {
-        prints += usize::from(matches!(op.kind, OpKind::DebugPrint { .. }));
+    let (mut prints, mut checks) = (0, 0);
+    kernel.body.walk(&mut |op| match op.kind {
+        OpKind::DebugPrint { .. } => prints += 1,
+        OpKind::Check { .. } => checks += 1,
+        _ => {}
     });
-    if prints > 0 {
+    if prints + checks > 0 {
         warned.call_once(|| {
             eprintln!(
-                "warning: tessera: the {target} lowering drops debug_print ({prints} in \
-                 `{}`); run on the interpreter or the native backend to see them",
+                "warning: tessera: the {target} lowering drops debug_print ({prints}) and \
+                 check ({checks}) in `{}`; run on the interpreter or the native backend to \
+                 see prints and have checks fail",
                 kernel.name
             )
         });

@@ -64,6 +64,10 @@ void autograd_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
       throw c10::ValueError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
                             message + std::strlen("ValueError: "));
     }
+    if (starts_with(message, "IndexError: ")) {
+      throw c10::IndexError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                            message + std::strlen("IndexError: "));
+    }
     if (!starts_with(message, "MemoryError: ")) {
       throw;
     }

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use kernel_ir::{try_with_capacity, AllocError, Array, ArrayData, DType, TensorType};
 use kernels::{find, tuning, BoxError, Params};
-use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyIndexError, PyMemoryError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use runtime::native::NativeArray;
 use runtime::tune::TuneTarget;
@@ -594,17 +594,22 @@ fn library_op(
 }
 
 /// Why an op call failed: bad arguments (`ValueError`), an array that could not be
-/// allocated (`MemoryError`) or a failed run (`RuntimeError`).
+/// allocated (`MemoryError`), a kernel's failed `check` on its data (`ValueError` or
+/// `IndexError`, as the check's kind says) or a failed run (`RuntimeError`).
 pub(crate) enum OpError {
     Bad(String),
     NoMemory(String),
+    Checked(kernel_ir::CheckKind, String),
     Failed(String),
 }
 
 impl From<OpError> for PyErr {
     fn from(e: OpError) -> PyErr {
         match e {
-            OpError::Bad(m) => PyValueError::new_err(m),
+            OpError::Bad(m) | OpError::Checked(kernel_ir::CheckKind::Value, m) => {
+                PyValueError::new_err(m)
+            }
+            OpError::Checked(kernel_ir::CheckKind::Index, m) => PyIndexError::new_err(m),
             OpError::NoMemory(m) => PyMemoryError::new_err(m),
             OpError::Failed(m) => PyRuntimeError::new_err(m),
         }
@@ -612,11 +617,14 @@ impl From<OpError> for PyErr {
 }
 
 impl OpError {
-    /// A failed run of `context`: `NoMemory` when an allocation failed.
+    /// A failed run of `context`: `NoMemory` when an allocation failed, `Checked` when a
+    /// check of the kernel failed.
     fn from_run(context: impl std::fmt::Display, e: &(dyn std::error::Error + 'static)) -> Self {
         let message = format!("{context}: {e}");
         if AllocError::in_chain(e) {
             OpError::NoMemory(message)
+        } else if let Some(c) = kernel_ir::ops::CheckFailure::in_chain(e) {
+            OpError::Checked(c.kind, message)
         } else {
             OpError::Failed(message)
         }
@@ -624,7 +632,10 @@ impl OpError {
 
     fn message(self) -> String {
         match self {
-            OpError::Bad(m) | OpError::NoMemory(m) | OpError::Failed(m) => m,
+            OpError::Bad(m)
+            | OpError::NoMemory(m)
+            | OpError::Checked(_, m)
+            | OpError::Failed(m) => m,
         }
     }
 }

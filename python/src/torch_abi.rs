@@ -37,13 +37,14 @@ pub(crate) struct Torch {
         *mut *mut c_void,
     ) -> Status,
     library_impl: unsafe extern "C" fn(*mut c_void, *const c_char, BoxedKernel) -> Status,
-    /// The codes of `torch.float32`, `torch.bfloat16`, `torch.float16`, `torch.int32`
-    /// and `torch.bool`.
+    /// The codes of `torch.float32`, `torch.bfloat16`, `torch.float16`, `torch.int32`,
+    /// `torch.bool` and `torch.int64` (index tensors, taken as int32).
     pub(crate) f32: i32,
     pub(crate) bf16: i32,
     pub(crate) f16: i32,
     pub(crate) i32: i32,
     pub(crate) bool: i32,
+    pub(crate) i64: i32,
     cpu: i32,
     /// Keeps libtorch mapped (it is, by `import torch`, for the life of the process).
     _lib: libloading::Library,
@@ -104,6 +105,7 @@ pub(crate) fn load(path: &str) -> Result<&'static Torch, String> {
         f16: code(symbol!("aoti_torch_dtype_float16")),
         i32: code(symbol!("aoti_torch_dtype_int32")),
         bool: code(symbol!("aoti_torch_dtype_bool")),
+        i64: code(symbol!("aoti_torch_dtype_int64")),
         cpu: code(symbol!("aoti_torch_device_type_cpu")),
         _lib: lib,
     };

@@ -6,7 +6,7 @@
 //! A kernel checks its arguments (errors name the argument, as the Python ops did),
 //! allocates its results with PyTorch, and runs the library kernel on the tensors'
 //! storage. Failures leave as C++ exceptions whose message starts with the Python
-//! exception they stand for (`ValueError: `, `MemoryError: `); the Python autograd
+//! exception they stand for (`ValueError: `, `IndexError: `, `MemoryError: `); the Python autograd
 //! kernels raise that exception.
 
 use std::cell::Cell;
@@ -244,6 +244,7 @@ impl OpError {
         match self {
             OpError::Bad(m) => format!("ValueError: {m}"),
             OpError::NoMemory(m) => format!("MemoryError: {m}"),
+            OpError::Checked(kind, m) => format!("{}: {m}", kind.python_error()),
             OpError::Failed(m) => m,
         }
     }

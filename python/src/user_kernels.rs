@@ -13,7 +13,7 @@ use std::fmt::Write as _;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, RwLock};
 
-use kernel_ir::Kernel;
+use kernel_ir::{CheckKind, Kernel};
 use runtime::native::Prepared;
 use runtime::Backend;
 
@@ -253,10 +253,17 @@ fn input(op: &UserOp, arg: &str, t: Tensor) -> Result<(Tensor, Buffer), OpError>
             op.qualified
         )));
     }
+    let t = if t.dtype() == torch().i64 {
+        int32_of(t).map_err(|m| {
+            OpError::Checked(CheckKind::Index, format!("{}: {arg}: {m}", op.qualified))
+        })?
+    } else {
+        t
+    };
     let dtype = torch().tessera_dtype(t.dtype()).ok_or_else(|| {
         OpError::Bad(format!(
             "{}: {arg}: dtype {} is not supported (torch.float32, torch.bfloat16, \
-             torch.float16, torch.int32, torch.bool)",
+             torch.float16, torch.int32, torch.int64 as int32, torch.bool)",
             op.qualified,
             torch().dtype_name(t.dtype())
         ))
@@ -265,4 +272,25 @@ fn input(op: &UserOp, arg: &str, t: Tensor) -> Result<(Tensor, Buffer), OpError>
     let t = t.contiguous().map_err(OpError::Failed)?;
     let buffer = (t.data(), shape, dtype.to_string());
     Ok((t, buffer))
+}
+
+/// An int64 tensor (PyTorch's index tensors) as a fresh int32 tensor, or the first
+/// value int32 cannot hold.
+fn int32_of(t: Tensor) -> Result<Tensor, String> {
+    let shape = t.shape();
+    let wide = t.contiguous()?;
+    let n = shape.iter().product::<u64>() as usize;
+    // SAFETY: a fresh contiguous int64 tensor of `n` elements, and one of int32.
+    let values = unsafe { std::slice::from_raw_parts(wide.data() as *const i64, n) };
+    let narrow = Tensor::empty(&shape, torch().i32)?;
+    let out = unsafe { std::slice::from_raw_parts_mut(narrow.data() as *mut i32, n) };
+    for (i, (&v, o)) in values.iter().zip(out.iter_mut()).enumerate() {
+        *o = i32::try_from(v).map_err(|_| {
+            format!(
+                "int64 value {v} (element {i}) is out of the int32 range Tessera's kernels \
+                 index with"
+            )
+        })?;
+    }
+    Ok(narrow)
 }

@@ -81,7 +81,7 @@ def thread_pool() -> str:
     (PyTorch's intra-op threads) or ``"tessera"`` (Tessera's own)."""
     return _tessera.thread_pool()
 
-_PYTHON_ERRORS = {"ValueError": ValueError, "MemoryError": MemoryError}
+_PYTHON_ERRORS = {"ValueError": ValueError, "IndexError": IndexError, "MemoryError": MemoryError}
 
 
 def _python_error(e: RuntimeError) -> Exception:

@@ -20,6 +20,9 @@ from . import _TORCH_RELEASE, _backend, _tessera, autograd_kernels
 _DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16",
                 torch.int32: "i32", torch.bool: "bool"}
 _TORCH_DTYPES = {name: dtype for dtype, name in _DTYPE_NAMES.items()}
+# PyTorch's index tensors are int64: kernels see them as int32 (range-checked).
+_DTYPE_NAMES[torch.int64] = "i32"
+_INT32 = torch.iinfo(torch.int32)
 _SCALAR_TYPES = {"float", "int", "bool"}
 
 # Library id -> the torch.library fragment holding its ops (kept alive).
@@ -118,6 +121,19 @@ def _request(op, bound):
     return "\n".join(lines) + "\n", tensors
 
 
+def _as_int32(op, arg, t):
+    """``t``, with an int64 tensor converted to int32 (``IndexError`` naming the first
+    value int32 cannot hold, as the native kernels say)."""
+    if t.dtype != torch.int64:
+        return t
+    bad = ((t < _INT32.min) | (t > _INT32.max)).flatten().nonzero()
+    if len(bad):
+        i = int(bad[0])
+        raise IndexError(f"{op.name}: {arg}: int64 value {int(t.flatten()[i])} (element {i}) is out of "
+                         "the int32 range Tessera's kernels index with")
+    return t.to(torch.int32)
+
+
 def _register_kernels(fragment, lib, namespace, ops, python_kernels):
     """Registers the CPU kernels of ``ops``: native (Rust, as the library ops' are, behind
     the native autograd kernels, which give their errors' Python type) when this build
@@ -148,7 +164,7 @@ def _register(fragment, lib, namespace, schema, op):
         for arg, t in tensors:
             if t.device.type != "cpu":
                 raise ValueError(f"{op.name}: {arg}: Tessera ops run on CPU tensors, got device {t.device}")
-        inputs = [t.contiguous() for _, t in tensors]
+        inputs = [_as_int32(op, arg, t).contiguous() for arg, t in tensors]
         outputs = [torch.empty(shape, dtype=dtype) for dtype, shape in output_types(request)]
         _tessera.run_user(
             lib, name, request,

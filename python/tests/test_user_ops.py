@@ -71,6 +71,39 @@ def test_ops_match_pytorch(user_ops, backend, rows, cols, dtype):
     close(g, F.gelu((x.float() + b.float()).to(dtype).float(), approximate="tanh").to(dtype), dtype)
 
 
+@pytest.mark.parametrize("backend", ["native", "interp", "xla"])
+@pytest.mark.parametrize("rows,classes", [(1, 1), (7, 3), (37, 256), (30, 1000)])
+def test_cross_entropy_and_exact_gelu_match_pytorch_with_int64_targets(user_ops, backend, rows, classes):
+    logits, target = torch.randn(rows, classes) * 4, torch.randint(0, classes, (rows,))
+    target[::3] = -100  # PyTorch's ignore_index: a loss of 0
+    x, b, r = torch.randn(rows, classes), torch.randn(classes), torch.randn(rows, classes)
+    with tessera.backend(backend):
+        loss = user_ops.cross_entropy(logits, target)
+        g = user_ops.bias_gelu_residual(x, b, r)
+    close(loss, F.cross_entropy(logits, target, reduction="none"), torch.float32)
+    close(g, F.gelu(x + b) + r, torch.float32)
+
+
+@pytest.mark.parametrize("backend", ["native", "interp"])
+def test_a_failed_check_is_pytorchs_error(user_ops, backend):
+    # A target out of range fails the kernel's check_index! as PyTorch fails
+    # F.cross_entropy: an IndexError (naming the first failing program and its block).
+    logits = torch.randn(20, 5)
+    for bad in (5, -1, -101):
+        target = torch.zeros(20, dtype=torch.int64)
+        target[11] = bad
+        with pytest.raises(IndexError):
+            F.cross_entropy(logits, target)
+        with tessera.backend(backend), pytest.raises(IndexError) as e:
+            user_ops.cross_entropy(logits, target)
+        assert f"check failed: [program (1)] target out of bounds: i32[8] [0, 0, 0, {bad}, 0, 0, 0, 0]" in str(e.value)
+    # Rows past the end of the ragged last block are padding, not checked; int64 values
+    # int32 cannot hold are refused before the kernel runs.
+    user_ops.cross_entropy(logits[:17], torch.zeros(17, dtype=torch.int64))
+    with pytest.raises(IndexError, match="target: int64 value -4294967296 \\(element 2\\) is out of the int32"):
+        user_ops.cross_entropy(logits, torch.tensor([0, 1, -2**32] + [0] * 17))
+
+
 def test_default_arguments_and_non_contiguous_inputs(user_ops):
     x = torch.randn(256, 9).t()  # [9, 256], not contiguous
     r, w = torch.randn(9, 256), torch.rand(256) + 0.5
@@ -83,6 +116,7 @@ def test_opcheck(user_ops):
     w, b = torch.rand(33) + 0.5, torch.randn(33)
     torch.library.opcheck(user_ops.add_rms_norm, (x, r, w, 1e-5))
     torch.library.opcheck(user_ops.bias_gelu_tanh, (x.requires_grad_(), b.requires_grad_()))
+    torch.library.opcheck(user_ops.cross_entropy, (torch.randn(5, 33), torch.randint(0, 33, (5,))))
 
 
 def test_autograd_through_a_pytorch_formula(user_ops):
@@ -131,12 +165,19 @@ def test_python_kernels_when_native_autograd_is_off(user_ops):
         "o, h = ops.add_rms_norm(x, x, torch.ones(4), 0.0)\n"
         "torch.testing.assert_close(o, torch.ones(2, 4))\n"
         "try:\n"
-        "    ops.bias_gelu_tanh(torch.zeros(4, 8, dtype=torch.int64), torch.ones(8))\n"
+        "    ops.bias_gelu_tanh(torch.zeros(4, 8, dtype=torch.float64), torch.ones(8))\n"
         "except ValueError as e:\n"
         "    print(e)\n"
+        "for t in ([0, 3], [0, 2**40]):\n"
+        "    try:\n"
+        "        ops.cross_entropy(torch.zeros(2, 3), torch.tensor(t))\n"
+        "    except IndexError as e:\n"
+        "        print(e)\n"
     )
     out = run_without_native_autograd(script)
-    assert "x: dtype torch.int64 is not supported" in out, out
+    assert "x: dtype torch.float64 is not supported" in out, out
+    assert "check failed: [program (0)] target out of bounds: i32[2] [0, 3]" in out, out
+    assert "target: int64 value 1099511627776 (element 1) is out of the int32 range" in out, out
 
 
 def test_bad_arguments_name_the_argument(user_ops):
@@ -145,8 +186,8 @@ def test_bad_arguments_name_the_argument(user_ops):
         user_ops.add_rms_norm(x, r[:3], w)
     with pytest.raises(ValueError, match="weight must be f32\\[8\\], got bf16\\[8\\]"):
         user_ops.add_rms_norm(x, r, w.bfloat16())
-    with pytest.raises(ValueError, match="x: dtype torch.int64 is not supported"):
-        user_ops.bias_gelu_tanh(torch.zeros(4, 8, dtype=torch.int64), w)
+    with pytest.raises(ValueError, match="x: dtype torch.float64 is not supported"):
+        user_ops.bias_gelu_tanh(torch.zeros(4, 8, dtype=torch.float64), w)
     with pytest.raises(ValueError, match="x must be a non-empty 2-D"):
         user_ops.bias_gelu_tanh(torch.randn(2, 4, 8), w)
 

@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once, OnceLock};
 use std::time::Instant;
 
-use kernel_ir::ops::format_debug_print;
+use kernel_ir::ops::{format_debug_print, CheckFailure};
 use kernel_ir::{Array, ArrayData, DType, Kernel, RefKind, RunError, TensorType};
-use lowering::cpu::{CpuModule, DebugPrintSite, Registers};
+use lowering::cpu::{CpuModule, DebugSite, Registers};
 use lowering::Lowering;
 use melior::dialect::DialectRegistry;
 use melior::ir::Module;
@@ -139,10 +139,7 @@ impl Compiler for JitCompiler {
             ));
         }
         let runtime_symbols = [
-            (
-                lowering::cpu::DEBUG_PRINT_SYMBOL,
-                debug_print as *mut c_void,
-            ),
+            (lowering::cpu::DEBUG_SYMBOL, debug_call as *mut c_void),
             ("malloc", buffers::malloc as *mut c_void),
             ("aligned_alloc", buffers::aligned_alloc as *mut c_void),
             ("free", buffers::free as *mut c_void),
@@ -382,15 +379,23 @@ fn float_conversions() -> [(&'static str, *mut c_void); 3] {
     ]
 }
 
-/// Prints one `debug_print` of a running kernel (the call the CPU lowering emits):
-/// `context` is the address of the module's [`DebugPrintSite`] table (see [`run`]),
-/// `slots` the program ids and one f32 buffer address per value. Formats like the
-/// interpreter; never unwinds into the JIT'd code.
-extern "C" fn debug_print(context: u64, site: u64, slots: *const u64) {
+/// What a run's `debug_print` and `check` calls see: the module's sites, and the failed
+/// check of the first program (in grid order) whose check failed.
+struct DebugContext<'m> {
+    sites: &'m [DebugSite],
+    failure: Mutex<Option<CheckFailure>>,
+}
+
+/// One `debug_print` or failed `check` of a running kernel (the call the CPU lowering
+/// emits): `context` is the address of the run's [`DebugContext`] (see
+/// [`execute_raw`]), `slots` the program ids and one f32 buffer address per value.
+/// Formats like the interpreter; prints, or records the failure when it is the first
+/// program's so far; never unwinds into the JIT'd code.
+extern "C" fn debug_call(context: u64, site: u64, slots: *const u64) {
     let _ = std::panic::catch_unwind(|| {
-        // SAFETY: `run` passes the address of a table that outlives the call.
-        let sites = unsafe { &*(context as *const Vec<DebugPrintSite>) };
-        let Some(site) = sites.get(site as usize) else {
+        // SAFETY: `execute_raw` passes the address of a context that outlives the run.
+        let context = unsafe { &*(context as *const DebugContext) };
+        let Some(site) = context.sites.get(site as usize) else {
             return;
         };
         // SAFETY: the emitted code stores this many words in `slots`.
@@ -412,10 +417,23 @@ extern "C" fn debug_print(context: u64, site: u64, slots: *const u64) {
             })
             .collect();
         let arrays: Vec<&Array> = arrays.iter().collect();
-        eprintln!(
-            "{}",
-            format_debug_print(&site.message, &slots[..site.programs], &arrays)
-        );
+        let program = &slots[..site.programs];
+        let line = format_debug_print(&site.message, program, &arrays);
+        let Some(kind) = site.check else {
+            eprintln!("{line}");
+            return;
+        };
+        let mut failure = context.failure.lock().unwrap_or_else(|p| p.into_inner());
+        if failure
+            .as_ref()
+            .is_none_or(|f| program < f.program.as_slice())
+        {
+            *failure = Some(CheckFailure {
+                kind,
+                program: program.to_vec(),
+                line,
+            });
+        }
     });
 }
 
@@ -920,6 +938,10 @@ unsafe fn execute_raw(
     }
     push_descriptor(&mut words, fault.as_mut_ptr() as *mut c_void, &[1]);
     let args = Args(words);
+    let debug_context = DebugContext {
+        sites: &module.debug_sites,
+        failure: Mutex::new(None),
+    };
     let programs = module.parallel_programs;
     // Runs programs `lo..hi` for each range `ranges` hands out, until it hands out none.
     let run_ranges = |ranges: &mut dyn FnMut() -> Option<(u64, u64)>| {
@@ -929,15 +951,15 @@ unsafe fn execute_raw(
         // The packed entry only reads through these pointers: the workers share the
         // descriptor words.
         ptrs.extend(args.0.iter().map(|w| w as *const u64 as *mut c_void));
-        let mut context = &module.debug_prints as *const Vec<DebugPrintSite> as u64;
-        if !module.debug_prints.is_empty() {
+        let mut context = &debug_context as *const DebugContext as u64;
+        if !module.debug_sites.is_empty() {
             ptrs.push(&mut context as *mut u64 as *mut c_void);
         }
         while let Some((lo, hi)) = ranges() {
             // SAFETY: the first two pointers address `indices`, which outlives the loop;
             // the arguments match the function's signature (three indices, one
-            // descriptor per memref of the padded shapes, the fault word, the print
-            // table's address when it prints), and the buffers are that large.
+            // descriptor per memref of the padded shapes, the fault word, the debug
+            // context's address when it prints or checks), and the buffers are that large.
             unsafe {
                 *ptrs[0].cast::<u64>() = lo;
                 *ptrs[1].cast::<u64>() = hi;
@@ -957,6 +979,10 @@ unsafe fn execute_raw(
     for (i, user, small, big, small_len) in unpad {
         let dst = unsafe { std::slice::from_raw_parts_mut(user as *mut u8, small_len) };
         unpad_rows(copies[i].bytes(), dst, &big, &small);
+    }
+    let failure = debug_context.failure.into_inner();
+    if let Some(f) = failure.unwrap_or_else(|p| p.into_inner()) {
+        return Err(crate::Error::Run(RunError::CheckFailed(f)));
     }
     match fault[0] as usize {
         0 => Ok(()),

@@ -33,8 +33,8 @@ pub use control::{
 };
 pub use refs::{ds, Ds, Ref, SliceArg, SliceStart, REF_METHODS};
 pub use tensor::{
-    debug_print, dot_general, full, index, iota, num_programs, program_id, select, zeros, Operand,
-    Tensor, TENSOR_METHODS,
+    check, debug_print, dot_general, full, index, iota, num_programs, program_id, select, zeros,
+    Operand, Tensor, TENSOR_METHODS,
 };
 
 use crate::builder::KernelBuilder;
@@ -53,7 +53,7 @@ pub mod prelude {
     pub use crate as kernel_ir;
     pub use crate::ir::{DimSemantics, IndexExpr, Kernel};
     pub use crate::types::{DType, TensorType};
-    pub use crate::{debug_print, print_kernel, s};
+    pub use crate::{check, check_index, debug_print, print_kernel, s};
 }
 
 /// Prints a message and kernel values with the program id while the kernel runs (on the
@@ -63,6 +63,26 @@ pub mod prelude {
 macro_rules! debug_print {
     ($message:expr $(, $value:expr)* $(,)?) => {
         $crate::dsl::debug_print($message, &[$($value),*])
+    };
+}
+
+/// Fails the run with a `ValueError` when an element of a bool kernel tensor is false
+/// (on the interpreter and the native backend; XLA and Mosaic drop it):
+/// `check!(x.ge(0.0), "x must be non-negative:", x)`. The error names the first failing
+/// program, the message and the values (their first 16 elements).
+#[macro_export]
+macro_rules! check {
+    ($cond:expr, $message:expr $(, $value:expr)* $(,)?) => {
+        $crate::dsl::check($crate::CheckKind::Value, $cond, $message, &[$($value),*])
+    };
+}
+
+/// [`check!`] for indices: a failure is an `IndexError` (PyTorch's error for an index
+/// out of range): `check_index!(t.lt(n), "target out of bounds:", t)`.
+#[macro_export]
+macro_rules! check_index {
+    ($cond:expr, $message:expr $(, $value:expr)* $(,)?) => {
+        $crate::dsl::check($crate::CheckKind::Index, $cond, $message, &[$($value),*])
     };
 }
 

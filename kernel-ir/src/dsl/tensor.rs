@@ -6,7 +6,7 @@ use std::ops;
 use std::panic::Location;
 
 use super::context::with_builder;
-use crate::ir::{BinaryOp, CmpPred, Literal, ReduceOp, UnaryOp, Value};
+use crate::ir::{BinaryOp, CheckKind, CmpPred, Literal, ReduceOp, UnaryOp, Value};
 use crate::types::{DType, TensorType};
 
 /// The `Tensor` methods kernel code may call: the `#[kernel]` macro accepts these and
@@ -589,6 +589,19 @@ pub fn zeros(shape: impl Into<Vec<u64>>, dtype: DType) -> Tensor {
 pub fn debug_print(message: &str, values: &[Tensor]) {
     let values = values.iter().map(|t| t.value()).collect();
     with_builder(Location::caller(), |b| b.debug_print(message, values));
+}
+
+/// Fails the run, as `kind`, when an element of the bool tensor `cond` is false: the
+/// interpreter and the native backend report the first failing program with `message`
+/// and `values` (torch ops raise `ValueError` or `IndexError`); the XLA and Mosaic
+/// lowerings drop the check. Kernels write [`check!`](crate::check) or
+/// [`check_index!`](crate::check_index).
+#[track_caller]
+pub fn check(kind: CheckKind, cond: Tensor, message: &str, values: &[Tensor]) {
+    let values = values.iter().map(|t| t.value()).collect();
+    with_builder(Location::caller(), |b| {
+        b.check(kind, cond.value(), message, values)
+    });
 }
 
 /// An i32 scalar constant (for loop bounds and index math).

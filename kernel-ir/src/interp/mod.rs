@@ -55,6 +55,8 @@ pub enum RunError {
         /// What went wrong.
         message: String,
     },
+    /// A `check` of the kernel failed (its data was bad, not the kernel).
+    CheckFailed(crate::ops::CheckFailure),
 }
 
 impl fmt::Display for RunError {
@@ -68,6 +70,7 @@ impl fmt::Display for RunError {
                 op,
                 message,
             } => write!(f, "program {program:?} faulted at `{op}`: {message}"),
+            RunError::CheckFailed(c) => c.fmt(f),
         }
     }
 }
@@ -76,6 +79,7 @@ impl std::error::Error for RunError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             RunError::Alloc(e) => Some(e),
+            RunError::CheckFailed(c) => Some(c),
             _ => None,
         }
     }
@@ -118,6 +122,8 @@ pub fn check_allocatable(kernel: &Kernel) -> Result<(), RunError> {
 struct Fault<'k> {
     op: &'k Op,
     message: String,
+    /// Set when the fault is a failed `check` (the data's fault, reported as such).
+    check: Option<crate::ops::CheckFailure>,
 }
 
 /// Checks that `inputs` match the kernel's input types (count, dtype, shape); every
@@ -322,6 +328,9 @@ pub fn interpret(
                     run_program(kernel, &pids, (inputs, &prefetch), &outputs, &mut scratch)
                 {
                     let e = match e {
+                        ProgramError::Fault(Fault { check: Some(c), .. }) => {
+                            RunError::CheckFailed(c)
+                        }
                         ProgramError::Fault(f) => RunError::Fault {
                             program: pids,
                             op: namer
@@ -425,7 +434,11 @@ impl<'k> Program<'k, '_> {
     }
 
     fn op(&mut self, op: &'k Op) -> Result<(), Fault<'k>> {
-        let fault = |message: String| Fault { op, message };
+        let fault = |message: String| Fault {
+            op,
+            message,
+            check: None,
+        };
         match &op.kind {
             OpKind::Load {
                 src,
@@ -491,6 +504,30 @@ impl<'k> Program<'k, '_> {
                 let arrays: Vec<Rc<Array>> = values.iter().map(|&v| self.get(v)).collect();
                 let arrays: Vec<&Array> = arrays.iter().map(Rc::as_ref).collect();
                 eprintln!("{}", ops::format_debug_print(message, self.pids, &arrays));
+            }
+            OpKind::Check {
+                kind,
+                cond,
+                message,
+                values,
+            } => {
+                let holds = match self.get(*cond).data() {
+                    ArrayData::Bool(b) => b.iter().all(|&x| x),
+                    _ => unreachable!("the verifier checks the condition is bool"),
+                };
+                if !holds {
+                    let arrays: Vec<Rc<Array>> = values.iter().map(|&v| self.get(v)).collect();
+                    let arrays: Vec<&Array> = arrays.iter().map(Rc::as_ref).collect();
+                    return Err(Fault {
+                        op,
+                        message: String::new(),
+                        check: Some(ops::CheckFailure {
+                            kind: *kind,
+                            program: self.pids.to_vec(),
+                            line: ops::format_debug_print(message, self.pids, &arrays),
+                        }),
+                    });
+                }
             }
             kind => {
                 let cx = ops::EvalCx {

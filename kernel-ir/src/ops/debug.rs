@@ -1,13 +1,15 @@
-//! `debug_print`: prints a message and values with the program id. It has no results
-//! and no effect on them, but is not pure (dead-code removal keeps it). The interpreter
-//! and the native backend print through [`format_debug_print`]; the XLA and Mosaic
-//! lowerings drop it.
+//! `debug_print`: prints a message and values with the program id. `check` and
+//! `check_index`: fail the run when an element of a bool tensor is false, reporting the
+//! message and values as a [`CheckFailure`]. They have no results and no effect on them,
+//! but are not pure (dead-code removal keeps them). The interpreter and the native
+//! backend format both through [`format_debug_print`]; the XLA and Mosaic lowerings drop
+//! them.
 
 use std::fmt::Write as _;
 
 use super::{not_in_family, OpTraits, TypeCx};
 use crate::array::Array;
-use crate::ir::OpKind;
+use crate::ir::{CheckKind, OpKind};
 use crate::types::{DType, TensorType};
 
 pub(super) const TRAITS: OpTraits = OpTraits {
@@ -16,10 +18,44 @@ pub(super) const TRAITS: OpTraits = OpTraits {
     has_regions: false,
 };
 
-pub(super) fn infer(_cx: &TypeCx, op: &OpKind) -> Result<Vec<TensorType>, String> {
+pub(super) fn infer(cx: &TypeCx, op: &OpKind) -> Result<Vec<TensorType>, String> {
     match op {
         OpKind::DebugPrint { .. } => Ok(vec![]),
+        OpKind::Check { cond, .. } => {
+            let ty = cx.ty(*cond);
+            if ty.dtype != DType::Bool {
+                return Err(format!("the condition has type {ty}, expected bool"));
+            }
+            Ok(vec![])
+        }
         _ => not_in_family(op, "debug"),
+    }
+}
+
+/// A failed `check`: the first program whose condition was false (in grid order), and
+/// the line [`format_debug_print`] makes of its message and values.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckFailure {
+    /// What the failure stands for.
+    pub kind: CheckKind,
+    /// Program ids of the failing program.
+    pub program: Vec<u64>,
+    /// `[program (i, ..)] message values...`.
+    pub line: String,
+}
+
+impl std::fmt::Display for CheckFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "check failed: {}", self.line)
+    }
+}
+
+impl std::error::Error for CheckFailure {}
+
+impl CheckFailure {
+    /// The failure somewhere in `e`'s chain of sources, if any.
+    pub fn in_chain<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a CheckFailure> {
+        std::iter::successors(Some(e), |e| e.source()).find_map(|e| e.downcast_ref())
     }
 }
 

@@ -12,7 +12,7 @@
 //! | [`dot`](OpFamily::Dot) | `dot` | here |
 //! | [`memory`](OpFamily::Memory) | `load`, `store` | the [`WindowDim`] plan here; `interp/window.rs` reads and writes it |
 //! | [`control`](OpFamily::Control) | `for`, `if`, `yield` | the interpreter's region loop |
-//! | [`debug`](OpFamily::Debug) | `debug_print` | the formatting here; the interpreter prints |
+//! | [`debug`](OpFamily::Debug) | `debug_print`, `check`, `check_index` | the formatting here; the interpreter prints and fails |
 
 mod control;
 mod debug;
@@ -29,7 +29,7 @@ use crate::array::Array;
 use crate::ir::{Kernel, OpKind, RefDecl, RefId, Value};
 use crate::types::{DType, TensorType};
 
-pub use debug::{format_debug_print, DEBUG_PRINT_ELEMENTS};
+pub use debug::{format_debug_print, CheckFailure, DEBUG_PRINT_ELEMENTS};
 pub use dot::accumulator_dtype;
 pub use elementwise::{floor_div, floor_rem};
 pub use memory::{window_plan, WindowDim, WindowStart};
@@ -51,7 +51,8 @@ pub enum OpFamily {
     Memory,
     /// `for`, `if` and the `yield` that ends their regions.
     Control,
-    /// `debug_print`: output for the developer, no effect on the results.
+    /// `debug_print` and `check`: output for the developer and checks of the data, no
+    /// effect on the results.
     Debug,
 }
 
@@ -96,7 +97,7 @@ impl OpKind {
             OpKind::Dot { .. } => OpFamily::Dot,
             OpKind::Load { .. } | OpKind::Store { .. } => OpFamily::Memory,
             OpKind::For { .. } | OpKind::If { .. } | OpKind::Yield { .. } => OpFamily::Control,
-            OpKind::DebugPrint { .. } => OpFamily::Debug,
+            OpKind::DebugPrint { .. } | OpKind::Check { .. } => OpFamily::Debug,
         }
     }
 

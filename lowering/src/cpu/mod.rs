@@ -43,7 +43,7 @@ mod dot;
 mod math;
 mod memory;
 
-pub use debug::{DebugPrintSite, DEBUG_PRINT_SYMBOL};
+pub use debug::{DebugSite, DEBUG_SYMBOL};
 
 /// Lanes per vector of element-wise tails and reductions, and of the 8x8 transposes:
 /// 256-bit AVX2 registers of 32-bit elements.
@@ -138,11 +138,11 @@ pub struct CpuModule {
     /// dynamic index of access `fault_sites[i]` fell outside its block (the access then
     /// read or wrote the block's start instead); 0 when none did.
     pub fault_sites: Vec<String>,
-    /// The module's `debug_print`s, by the site number their calls pass. When there are
-    /// any, the function takes one more argument, `%debug: i64`, after `%fault`: the
-    /// context word the calls hand to [`DEBUG_PRINT_SYMBOL`] (the runtime passes the
-    /// address of this table).
-    pub debug_prints: Vec<DebugPrintSite>,
+    /// The module's `debug_print`s and failing `check`s, by the site number their calls
+    /// pass. When there are any, the function takes one more argument, `%debug: i64`,
+    /// after `%fault`: the context word the calls hand to [`DEBUG_SYMBOL`] (the runtime
+    /// passes the address of its run's context, which holds this table).
+    pub debug_sites: Vec<DebugSite>,
 }
 
 /// Why a kernel cannot be compiled to native code, if it cannot.
@@ -209,7 +209,7 @@ pub fn lower(kernel: &Kernel, registers: Registers) -> CpuModule {
             dot
         },
         fault_sites: std::mem::take(&mut e.fault_sites),
-        debug_prints: std::mem::take(&mut e.debug_prints),
+        debug_sites: std::mem::take(&mut e.debug_sites),
     }
 }
 
@@ -410,7 +410,7 @@ struct Emitter<'k> {
     /// Element-wise results computed where they are read (see [`fusible`]).
     fused: std::collections::HashSet<Value>,
     /// The `debug_print`s emitted so far.
-    debug_prints: Vec<DebugPrintSite>,
+    debug_sites: Vec<DebugSite>,
 }
 
 impl<'k> Emitter<'k> {
@@ -431,7 +431,7 @@ impl<'k> Emitter<'k> {
             next_buffer: 0,
             fault_sites: Vec::new(),
             fused: fusible(k),
-            debug_prints: Vec::new(),
+            debug_sites: Vec::new(),
         }
     }
 
@@ -568,12 +568,9 @@ impl<'k> Emitter<'k> {
         let body = self.w.take();
         let mut out = String::new();
         let _ = writeln!(out, "module {{");
-        if !self.debug_prints.is_empty() {
+        if !self.debug_sites.is_empty() {
             params.push("%debug: i64".into());
-            let _ = writeln!(
-                out,
-                "  func.func private @{DEBUG_PRINT_SYMBOL}(i64, i64, i64)"
-            );
+            let _ = writeln!(out, "  func.func private @{DEBUG_SYMBOL}(i64, i64, i64)");
         }
         let _ = writeln!(
             out,
@@ -772,7 +769,16 @@ impl<'k> Emitter<'k> {
             }
             OpKind::Yield { .. } => return,
             OpKind::DebugPrint { message, values } => {
-                self.debug_print(message, values);
+                self.debug_call(message, values, None);
+                return;
+            }
+            OpKind::Check {
+                kind,
+                cond,
+                message,
+                values,
+            } => {
+                self.check(*kind, *cond, message, values);
                 return;
             }
         };
