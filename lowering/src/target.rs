@@ -71,14 +71,14 @@ impl Lowering for StableHlo {
     }
     fn lower(&self, kernel: &Kernel) -> Result<String, LowerError> {
         static WARNED: Once = Once::new();
-        warn_dropped_prints(kernel, "XLA", &WARNED);
+        warn_dropped_debug_ops(kernel, "XLA", &WARNED);
         Ok(crate::stablehlo::lower(kernel))
     }
 }
 
 /// Warns, once per process and target, that the target drops `kernel`'s `debug_print`s
 /// and `check`s (StableHLO has neither; Mosaic's prints and asserts need a TPU to show).
-fn warn_dropped_prints(kernel: &Kernel, target: &str, warned: &'static Once) {
+fn warn_dropped_debug_ops(kernel: &Kernel, target: &str, warned: &'static Once) {
     let (mut prints, mut checks) = (0, 0);
     kernel.body.walk(&mut |op| match op.kind {
         OpKind::DebugPrint { .. } => prints += 1,
@@ -113,7 +113,7 @@ impl Lowering for Mosaic {
     }
     fn lower(&self, kernel: &Kernel) -> Result<String, LowerError> {
         static WARNED: Once = Once::new();
-        warn_dropped_prints(kernel, "Mosaic", &WARNED);
+        warn_dropped_debug_ops(kernel, "Mosaic", &WARNED);
         Ok(if self.body_only {
             crate::mosaic::lower_body(kernel, &self.limits)?
         } else {

@@ -118,12 +118,11 @@ pub fn check_allocatable(kernel: &Kernel) -> Result<(), RunError> {
     Ok(())
 }
 
-/// A fault inside one program, before it is tagged with the program id.
-struct Fault<'k> {
-    op: &'k Op,
-    message: String,
-    /// Set when the fault is a failed `check` (the data's fault, reported as such).
-    check: Option<crate::ops::CheckFailure>,
+/// Why one program stopped: an op faulted (before the fault is tagged with the program
+/// id), or a `check` failed (the data's fault, reported as such).
+enum Fault<'k> {
+    Op { op: &'k Op, message: String },
+    Check(crate::ops::CheckFailure),
 }
 
 /// Checks that `inputs` match the kernel's input types (count, dtype, shape); every
@@ -328,15 +327,13 @@ pub fn interpret(
                     run_program(kernel, &pids, (inputs, &prefetch), &outputs, &mut scratch)
                 {
                     let e = match e {
-                        ProgramError::Fault(Fault { check: Some(c), .. }) => {
-                            RunError::CheckFailed(c)
-                        }
-                        ProgramError::Fault(f) => RunError::Fault {
+                        ProgramError::Fault(Fault::Check(c)) => RunError::CheckFailed(c),
+                        ProgramError::Fault(Fault::Op { op, message }) => RunError::Fault {
                             program: pids,
                             op: namer
                                 .get_or_init(|| Namer::new(kernel))
-                                .op_header(kernel, f.op),
-                            message: f.message,
+                                .op_header(kernel, op),
+                            message,
                         },
                         ProgramError::Run(e) => e,
                     };
@@ -434,11 +431,7 @@ impl<'k> Program<'k, '_> {
     }
 
     fn op(&mut self, op: &'k Op) -> Result<(), Fault<'k>> {
-        let fault = |message: String| Fault {
-            op,
-            message,
-            check: None,
-        };
+        let fault = |message: String| Fault::Op { op, message };
         match &op.kind {
             OpKind::Load {
                 src,
@@ -501,9 +494,7 @@ impl<'k> Program<'k, '_> {
             }
             OpKind::Yield { .. } => unreachable!("handled by region()"),
             OpKind::DebugPrint { message, values } => {
-                let arrays: Vec<Rc<Array>> = values.iter().map(|&v| self.get(v)).collect();
-                let arrays: Vec<&Array> = arrays.iter().map(Rc::as_ref).collect();
-                eprintln!("{}", ops::format_debug_print(message, self.pids, &arrays));
+                eprintln!("{}", self.debug_line(message, values));
             }
             OpKind::Check {
                 kind,
@@ -516,17 +507,11 @@ impl<'k> Program<'k, '_> {
                     _ => unreachable!("the verifier checks the condition is bool"),
                 };
                 if !holds {
-                    let arrays: Vec<Rc<Array>> = values.iter().map(|&v| self.get(v)).collect();
-                    let arrays: Vec<&Array> = arrays.iter().map(Rc::as_ref).collect();
-                    return Err(Fault {
-                        op,
-                        message: String::new(),
-                        check: Some(ops::CheckFailure {
-                            kind: *kind,
-                            program: self.pids.to_vec(),
-                            line: ops::format_debug_print(message, self.pids, &arrays),
-                        }),
-                    });
+                    return Err(Fault::Check(ops::CheckFailure {
+                        kind: *kind,
+                        program: self.pids.to_vec(),
+                        line: self.debug_line(message, values),
+                    }));
                 }
             }
             kind => {
@@ -541,6 +526,14 @@ impl<'k> Program<'k, '_> {
             }
         }
         Ok(())
+    }
+
+    /// The line a `debug_print` prints and a failed `check` reports: the program id,
+    /// `message` and `values`.
+    fn debug_line(&self, message: &str, values: &[Value]) -> String {
+        let arrays: Vec<Rc<Array>> = values.iter().map(|&v| self.get(v)).collect();
+        let arrays: Vec<&Array> = arrays.iter().map(Rc::as_ref).collect();
+        ops::format_debug_print(message, self.pids, &arrays)
     }
 
     /// Binds `op`'s results to the values its region yielded.

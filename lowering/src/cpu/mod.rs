@@ -409,7 +409,7 @@ struct Emitter<'k> {
     fault_sites: Vec<String>,
     /// Element-wise results computed where they are read (see [`fusible`]).
     fused: std::collections::HashSet<Value>,
-    /// The `debug_print`s emitted so far.
+    /// The `debug_print`s and `check`s emitted so far.
     debug_sites: Vec<DebugSite>,
 }
 
