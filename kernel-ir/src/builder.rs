@@ -273,6 +273,12 @@ impl KernelBuilder {
         self.push_one(OpKind::Transpose { x, perm }, vec![])
     }
 
+    /// `x`'s elements at `indices` (i32) along `axis` (NumPy `take_along_axis`; indices
+    /// are clamped into range).
+    pub fn gather(&mut self, x: Value, indices: Value, axis: usize) -> Value {
+        self.push_one(OpKind::Gather { x, indices, axis }, vec![])
+    }
+
     /// An element-wise unary op.
     pub fn unary(&mut self, op: UnaryOp, x: Value) -> Value {
         self.push_one(OpKind::Unary { op, x }, vec![])

@@ -696,6 +696,18 @@ pub enum OpKind {
         /// The permutation.
         perm: Vec<usize>,
     },
+    /// Picks elements of `x` along `axis` (NumPy `take_along_axis`): the result has
+    /// the shape of `indices` (i32, same rank as `x`, equal to it on every other dim)
+    /// and `result[.., i, ..] = x[.., indices[.., i, ..], ..]`. Indices outside
+    /// `0..x.shape[axis]` are clamped into it, on every backend (as XLA's gather does).
+    Gather {
+        /// The operand.
+        x: Value,
+        /// The positions along `axis` (i32).
+        indices: Value,
+        /// The dimension indexed.
+        axis: usize,
+    },
     /// Element-wise unary op.
     Unary {
         /// Which op.
@@ -846,6 +858,7 @@ impl OpKind {
             OpKind::Broadcast { .. } => "broadcast",
             OpKind::Reshape { .. } => "reshape",
             OpKind::Transpose { .. } => "transpose",
+            OpKind::Gather { .. } => "gather",
             OpKind::Unary { op, .. } => op.name(),
             OpKind::Binary { op, .. } => op.name(),
             OpKind::Compare { .. } => "cmp",
@@ -916,6 +929,7 @@ impl OpKind {
             | OpKind::Unary { x, .. }
             | OpKind::Cast { x }
             | OpKind::Reduce { x, .. } => vec![*x],
+            OpKind::Gather { x, indices, .. } => vec![*x, *indices],
             OpKind::Binary { lhs, rhs, .. }
             | OpKind::Compare { lhs, rhs, .. }
             | OpKind::Dot { lhs, rhs, .. } => vec![*lhs, *rhs],

@@ -879,6 +879,14 @@ impl Parser {
                 let perm = self.usize_list("a dimension")?;
                 one(OpKind::Transpose { x, perm }, self.colon_type()?)
             }
+            "gather" => {
+                let x = self.use_value()?;
+                self.punct(',')?;
+                let indices = self.use_value()?;
+                self.keyword("axis")?;
+                let axis = self.usize_("a dimension")?;
+                one(OpKind::Gather { x, indices, axis }, self.colon_type()?)
+            }
             "reshape" | "cast" => {
                 let x = self.use_value()?;
                 let kind = if m == "reshape" {

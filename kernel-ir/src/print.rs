@@ -287,6 +287,9 @@ fn op_line(kernel: &Kernel, namer: &Namer, op: &Op) -> String {
         }
         OpKind::Broadcast { x, dims } => format!("{m} {} dims {} : {result_ty}", n(x), list(dims)),
         OpKind::Transpose { x, perm } => format!("{m} {} perm {} : {result_ty}", n(x), list(perm)),
+        OpKind::Gather { x, indices, axis } => {
+            format!("{m} {}, {} axis {axis} : {result_ty}", n(x), n(indices))
+        }
         OpKind::Reshape { x } | OpKind::Unary { x, .. } | OpKind::Cast { x } => {
             format!("{m} {} : {result_ty}", n(x))
         }

@@ -14,7 +14,7 @@ fn spec(shape: [u64; 2]) -> BlockSpecFn {
 /// A kernel over `f32[16, 8]` and `i32[16, 8]` inputs (two programs of 8 rows) that
 /// uses every op and operator (`tests::op_zoo_uses_every_op` checks it): unary/binary
 /// float and integer math (floor division and remainder of negatives), every
-/// comparison, transposes, reshapes, sum/min/max reductions, `dot` (plain and
+/// comparison, transposes, reshapes, gathers along each axis, sum/min/max reductions, `dot` (plain and
 /// transposed), loads of whole blocks, static and dynamic slices, a single row and
 /// masked lanes, plain and masked stores, an `if` with a result, a `for` with a carried
 /// value, `select`, casts between bool, i32, bf16 and f32, `iota`, `program_id`,
@@ -46,6 +46,9 @@ pub fn op_zoo() -> Kernel {
         let tt = t.t().t() + t.transpose(vec![1, 0]).t();
         let mins = tt.min_keepdims(1) + tt.max_keepdims(0);
         let k = n.read();
+        // Gathers along both axes, with indices in range and (k is in [-11, 11]) clamped.
+        let rows_at = n.load(s![ds(0, 3), ..]) % 8;
+        let gathered = v.take_along_axis(k, 1) + v.take_along_axis(rows_at, 0).sum_keepdims(0);
         let q = k / 3 + k % 3 + (-k) / 4 + (-k) % 4 + k.maximum(2).minimum(5) - k.abs();
         let q = q + (!k) + (k.ge(0) & k.lt(4)).cast(DType::I32) + iota([8, 8], 1) * num_programs(0);
         let q = q + (k.eq(1) | k.ne(2)).cast(DType::I32) + k.le(-3).cast(DType::I32) + pid;
@@ -55,7 +58,7 @@ pub fn op_zoo() -> Kernel {
             acc + j.cast(DType::F32) + k.cast(DType::F32) * 0.25
         });
         let sel = select(v.lt(0.0), looped, -(-v.exp()));
-        of.write(sel + q.cast(DType::F32).cast(DType::BF16).cast(DType::F32));
+        of.write(sel + gathered + q.cast(DType::F32).cast(DType::BF16).cast(DType::F32));
         of.store_masked(s![.., ..], sel * 0.5, k.gt(5));
         oi.write(
             q + sel.cast(DType::I32)
@@ -210,6 +213,7 @@ mod tests {
                 | OpKind::Broadcast { .. }
                 | OpKind::Reshape { .. }
                 | OpKind::Transpose { .. }
+                | OpKind::Gather { .. }
                 | OpKind::Unary { .. }
                 | OpKind::Binary { .. }
                 | OpKind::Compare { .. }
@@ -234,6 +238,7 @@ mod tests {
             "broadcast",
             "reshape",
             "transpose",
+            "gather",
             "cmp",
             "select",
             "cast",

@@ -7,6 +7,8 @@
 //!   power of two of at least 128 lanes' worth of elements.
 //! * Dtypes: f32, bf16, i32 and bool; f16 is not supported by Mosaic, and the matrix
 //!   unit (`tpu.matmul`) takes f32 or bf16 operands only.
+//! * `gather` (`tpu.dynamic_gather`, as Pallas lowers `take_along_axis`): along one of
+//!   the two minor-most dims, with indices shaped like the operand.
 //! * VMEM: every input and output block is double-buffered; blocks plus scratch must fit
 //!   the scoped VMEM limit.
 
@@ -69,6 +71,20 @@ fn unsupported_op(kernel: &Kernel, region: &Region) -> Option<(String, String)> 
                 format!("dot of {}", kernel.type_of(*lhs)),
                 "tpu.matmul takes f32 or bf16 operands: cast them first".to_string(),
             ))
+        }
+        OpKind::Gather { x, indices, axis } => {
+            let (xt, it) = (kernel.type_of(*x), kernel.type_of(*indices));
+            let minor = xt.rank() >= 2 && *axis + 2 >= xt.rank();
+            (!minor || xt.shape != it.shape).then(|| {
+                (
+                    format!("gather of {xt} at {it} along axis {axis}"),
+                    "tpu.dynamic_gather gathers along one of the two minor-most dims of a \
+                     rank >= 2 block, with indices shaped like it: pad or broadcast the \
+                     indices to the operand's shape and slice the result, or compare an \
+                     iota with the indices and sum the selected elements"
+                        .to_string(),
+                )
+            })
         }
         OpKind::For { body, .. } => unsupported_op(kernel, body),
         OpKind::If {

@@ -284,6 +284,58 @@ fn erf_verifies_and_compiles_for_v5e() {
     );
 }
 
+/// `gather` along lanes and along sublanes lowers to `tpu.dynamic_gather` (indices
+/// clamped first), which jaxlib's `tpu` dialect verifies and libtpu compiles for v5e;
+/// a gather Mosaic cannot do is refused by the TPU rules, naming it and what to do.
+#[test]
+fn gather_verifies_and_compiles_for_v5e() {
+    let kernel = |axis: usize| {
+        kernel_ir::parse_kernel(&format!(
+            "kernel @gather grid [2] semantics [parallel] {{\n\
+             in %x : f32[16, 128] block [8, 128] map (i0) -> (i0, 0) vmem\n\
+             in %i : i32[16, 128] block [8, 128] map (i0) -> (i0, 0) vmem\n\
+             out %o : f32[16, 128] block [8, 128] map (i0) -> (i0, 0) vmem\n\
+             body {{\n%0 = load %x[:, :] : f32[8, 128]\n%1 = load %i[:, :] : i32[8, 128]\n\
+             %2 = gather %0, %1 axis {axis} : f32[8, 128]\nstore %o[:, :], %2\n}}\n}}"
+        ))
+        .unwrap()
+    };
+    let rows_of_other_count = kernel_ir::parse_kernel(
+        "kernel @gather grid [2] semantics [parallel] {\n\
+         in %x : f32[16, 128] block [8, 128] map (i0) -> (i0, 0) vmem\n\
+         in %i : i32[8, 128] block [4, 128] map (i0) -> (i0, 0) vmem\n\
+         out %o : f32[8, 128] block [4, 128] map (i0) -> (i0, 0) vmem\n\
+         body {\n%0 = load %x[:, :] : f32[8, 128]\n%1 = load %i[:, :] : i32[4, 128]\n\
+         %2 = gather %0, %1 axis 0 : f32[4, 128]\nstore %o[:, :], %2\n}\n}",
+    )
+    .unwrap();
+    let refused = mosaic::lower(&rows_of_other_count, &TpuLimits::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("gather of f32[8, 128] at i32[4, 128] along axis 0")
+            && refused.contains("indices shaped like it"),
+        "{refused}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    for axis in [0, 1] {
+        let body = mosaic::lower_body(&kernel(axis), &TpuLimits::default()).unwrap();
+        assert!(body.contains("tpu.dynamic_gather"), "{body}");
+        let text = mosaic::lower(&kernel(axis), &TpuLimits::default()).unwrap();
+        std::fs::write(dir.path().join(format!("gather{axis}.mosaic.mlir")), text).unwrap();
+    }
+    let Some(python) = python() else { return };
+    let dir = dir.path().to_str().unwrap();
+    assert!(run_checker(&python, &[dir]).contains("ok "));
+    let compiled = run_checker(&python, &["--compile", "v5e:2x2", dir]);
+    for axis in [0, 1] {
+        assert!(
+            compiled.contains(&format!("compiled gather{axis}.mosaic.mlir for v5e:2x2")),
+            "{compiled}"
+        );
+    }
+}
+
 /// Paged attention (its block table and lengths read as scalars from SMEM inside the
 /// body, `memref.load`), f32 and bf16, attention with a sliding window and a soft-cap
 /// (`tanh`), and every kernel of varlen attention (tile tables in SMEM, per-row key

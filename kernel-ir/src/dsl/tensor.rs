@@ -42,6 +42,7 @@ pub const TENSOR_METHODS: &[&str] = &[
     "broadcast_to",
     "transpose",
     "t",
+    "take_along_axis",
     "lt",
     "le",
     "gt",
@@ -279,6 +280,17 @@ impl Tensor {
     #[track_caller]
     pub fn t(self) -> Tensor {
         self.transpose(vec![1, 0])
+    }
+
+    /// The elements at `indices` (an i32 tensor of this rank, the same size on every
+    /// other dim) along `axis`, as NumPy's `take_along_axis`: `logits.take_along_axis(
+    /// target.expand_dims(1), 1)` picks one element per row. Indices outside the axis are
+    /// clamped into it (guard them with `check_index!` where they are a user error).
+    #[track_caller]
+    pub fn take_along_axis(self, indices: Tensor, axis: usize) -> Tensor {
+        Tensor::from_value(with_builder(Location::caller(), |b| {
+            b.gather(self.value, indices.value, axis)
+        }))
     }
 
     #[track_caller]

@@ -1,10 +1,11 @@
-//! Ops that keep the elements and change the shape: `broadcast` (StableHLO
-//! `broadcast_in_dim`), `reshape` (row-major), `transpose`.
+//! Ops that move elements without computing them: `broadcast` (StableHLO
+//! `broadcast_in_dim`), `reshape` (row-major), `transpose`, and `gather` (NumPy
+//! `take_along_axis`, indices clamped into range).
 
 use super::{not_in_family, EvalCx, TypeCx};
 use crate::array::{Array, ArrayData};
 use crate::ir::OpKind;
-use crate::types::{row_major_strides, TensorType};
+use crate::types::{row_major_strides, DType, TensorType};
 
 pub(super) fn infer(cx: &TypeCx, op: &OpKind) -> Result<Vec<TensorType>, String> {
     match op {
@@ -69,6 +70,23 @@ pub(super) fn infer(cx: &TypeCx, op: &OpKind) -> Result<Vec<TensorType>, String>
                 perm.iter().map(|&p| xt.shape[p]).collect::<Vec<_>>(),
             )])
         }
+        OpKind::Gather { x, indices, axis } => {
+            let (xt, it) = (cx.ty(*x), cx.ty(*indices));
+            if it.dtype != DType::I32 {
+                return Err(format!("indices have type {it}, expected i32"));
+            }
+            if *axis >= xt.rank() {
+                return Err(format!("axis {axis} is out of range for {xt}"));
+            }
+            let other_dims_agree = it.rank() == xt.rank()
+                && (0..xt.rank()).all(|d| d == *axis || it.shape[d] == xt.shape[d]);
+            if !other_dims_agree {
+                return Err(format!(
+                    "indices {it} must have the rank of the operand {xt} and its size on every dim but {axis}"
+                ));
+            }
+            Ok(vec![TensorType::new(xt.dtype, it.shape.clone())])
+        }
         _ => not_in_family(op, "layout"),
     }
 }
@@ -79,6 +97,7 @@ pub(super) fn eval(op: &OpKind, cx: &EvalCx) -> Array {
         OpKind::Broadcast { x, dims } => broadcast(&get(*x), dims, cx.result),
         OpKind::Reshape { x } => Array::from_parts(cx.result.clone(), get(*x).data().clone()),
         OpKind::Transpose { x, perm } => transpose(&get(*x), perm),
+        OpKind::Gather { x, indices, axis } => gather(&get(*x), &get(*indices), *axis),
         _ => not_in_family(op, "layout"),
     }
 }
@@ -139,6 +158,27 @@ pub(super) fn transpose(x: &Array, perm: &[usize]) -> Array {
     let offsets = mapped_offsets(&shape, &strides);
     Array::from_parts(
         TensorType::new(x.dtype(), shape),
+        permute_data(x.data(), &offsets),
+    )
+}
+
+/// `take_along_axis` with each index clamped into `0..x.shape[axis]`.
+fn gather(x: &Array, indices: &Array, axis: usize) -> Array {
+    let ArrayData::Int(picks) = indices.data() else {
+        unreachable!("the type rule admits i32 indices only")
+    };
+    let strides = row_major_strides(x.shape());
+    let last = x.shape()[axis] as i64 - 1;
+    // The offset in `x` of each result element with its own index along `axis` at 0.
+    let mut base_strides = strides.clone();
+    base_strides[axis] = 0;
+    let offsets: Vec<usize> = mapped_offsets(indices.shape(), &base_strides)
+        .into_iter()
+        .zip(picks.iter())
+        .map(|(base, &i)| base + (i as i64).clamp(0, last) as usize * strides[axis] as usize)
+        .collect();
+    Array::from_parts(
+        TensorType::new(x.dtype(), indices.shape().to_vec()),
         permute_data(x.data(), &offsets),
     )
 }

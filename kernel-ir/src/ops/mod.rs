@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | [`source`](OpFamily::Source) | `program_id`, `num_programs`, `const`, `iota` | here |
 //! | [`elementwise`](OpFamily::Elementwise) | unary, binary, `cmp`, `select`, `cast` | here |
-//! | [`layout`](OpFamily::Layout) | `broadcast`, `reshape`, `transpose` | here |
+//! | [`layout`](OpFamily::Layout) | `broadcast`, `reshape`, `transpose`, `gather` | here |
 //! | [`reduce`](OpFamily::Reduce) | `reduce_sum`, `reduce_max`, `reduce_min` | here |
 //! | [`dot`](OpFamily::Dot) | `dot` | here |
 //! | [`memory`](OpFamily::Memory) | `load`, `store` | the [`WindowDim`] plan here; `interp/window.rs` reads and writes it |
@@ -41,7 +41,7 @@ pub enum OpFamily {
     Source,
     /// Element-wise math, comparisons, `select`, `cast`.
     Elementwise,
-    /// Same elements, other shape: `broadcast`, `reshape`, `transpose`.
+    /// Elements moved, not computed: `broadcast`, `reshape`, `transpose`, `gather`.
     Layout,
     /// Reductions over axes.
     Reduce,
@@ -90,9 +90,10 @@ impl OpKind {
             | OpKind::Compare { .. }
             | OpKind::Select { .. }
             | OpKind::Cast { .. } => OpFamily::Elementwise,
-            OpKind::Broadcast { .. } | OpKind::Reshape { .. } | OpKind::Transpose { .. } => {
-                OpFamily::Layout
-            }
+            OpKind::Broadcast { .. }
+            | OpKind::Reshape { .. }
+            | OpKind::Transpose { .. }
+            | OpKind::Gather { .. } => OpFamily::Layout,
             OpKind::Reduce { .. } => OpFamily::Reduce,
             OpKind::Dot { .. } => OpFamily::Dot,
             OpKind::Load { .. } | OpKind::Store { .. } => OpFamily::Memory,

@@ -735,6 +735,9 @@ impl<'k> Emitter<'k> {
             OpKind::Broadcast { x, dims } => self.broadcast(*x, dims, &result_ty.unwrap()),
             OpKind::Reshape { x } => self.reshape(*x, &result_ty.unwrap()),
             OpKind::Transpose { x, perm } => self.transpose(*x, perm),
+            OpKind::Gather { x, indices, axis } => {
+                self.gather(*x, *indices, *axis, &result_ty.unwrap())
+            }
             OpKind::Unary { .. }
             | OpKind::Binary { .. }
             | OpKind::Compare { .. }
@@ -977,6 +980,49 @@ impl<'k> Emitter<'k> {
             }),
             other => other,
         }
+    }
+
+    /// Each lane's element of `x` at its clamped index along `axis`, read one by one
+    /// (the positions are data; the other dims follow the lane).
+    fn gather(&mut self, x: Value, indices: Value, axis: usize, ty: &TensorType) -> Val {
+        let xt = self.ty(x).clone();
+        let (src, picks) = (self.val(x), self.val(indices));
+        self.materialize(ty, &mut |e, lane| {
+            let w = lane.width;
+            let t = lanes_of("i32", w);
+            let at = e.read(&picks, DType::I32, lane);
+            let (zero, top) = (
+                e.literal(DType::I32, 0.0, w),
+                e.literal(DType::I32, (xt.shape[axis] - 1) as f64, w),
+            );
+            let at = e.assign(&format!("arith.maxsi {at}, {zero} : {t}"));
+            let at = e.assign(&format!("arith.minsi {at}, {top} : {t}"));
+            let last = lane.idx.len() - 1;
+            let elems: Vec<String> = (0..w)
+                .map(|l| {
+                    let i = if w == 1 {
+                        at.clone()
+                    } else {
+                        e.assign(&format!("vector.extract {at}[{l}] : i32 from {t}"))
+                    };
+                    let mut idx = lane.idx.clone();
+                    if l > 0 {
+                        let step = e.index(l);
+                        idx[last] = e.add_index(&idx[last], &step);
+                    }
+                    idx[axis] = e.index_of(&i);
+                    e.read(&src, xt.dtype, &Lane { idx, width: 1 })
+                })
+                .collect();
+            if w == 1 {
+                return elems[0].clone();
+            }
+            e.assign(&format!(
+                "vector.from_elements {} : {}",
+                elems.join(", "),
+                lanes_of(reg(ty.dtype), w)
+            ))
+        })
     }
 
     fn reshape(&mut self, x: Value, ty: &TensorType) -> Val {

@@ -1,6 +1,7 @@
-//! Layout ops: `vector.broadcast`, `vector.shape_cast`, `vector.transpose`.
+//! Layout ops: `vector.broadcast`, `vector.shape_cast`, `vector.transpose`, and
+//! `tpu.dynamic_gather` for `gather` (indices clamped first: it wraps them).
 
-use kernel_ir::{Op, OpKind};
+use kernel_ir::{DType, Op, OpKind};
 
 use super::{tty, vty, Emitter};
 use crate::text::element_type as elem;
@@ -47,6 +48,20 @@ impl Emitter<'_> {
                     "vector.transpose {x}, [{}] : {} to {}",
                     p.join(", "),
                     tty(&xt),
+                    tty(&t)
+                ))
+            }
+            OpKind::Gather { x, indices, axis } => {
+                let (xt, it) = (self.ty(*x), self.ty(*indices));
+                let (x, i) = (self.v(*x), self.v(*indices));
+                let zero = self.constant(DType::I32, &it.shape, 0.0);
+                let top = self.constant(DType::I32, &it.shape, (xt.shape[*axis] - 1) as f64);
+                let i = self.def(&format!("arith.maxsi {i}, {zero} : {}", tty(&it)));
+                let i = self.def(&format!("arith.minsi {i}, {top} : {}", tty(&it)));
+                self.def(&format!(
+                    "tpu.dynamic_gather {x}[{i}] in [{axis}] : {}, {} -> {}",
+                    tty(&xt),
+                    tty(&it),
                     tty(&t)
                 ))
             }
