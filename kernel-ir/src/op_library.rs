@@ -10,8 +10,10 @@
 //!   `op <torch schema>` line per op (`add_rms_norm(Tensor x, float eps=1e-06) -> Tensor`);
 //! - `tessera_build_v1(op, request) -> *mut c_char`: builds op `op` for the argument types
 //!   in `request` ([`OpArgs`] text: one `name value` line per argument, tensors as their
-//!   type `f32[37, 256]`, scalars as numbers) and answers `ok\n<kernel IR text>` or
-//!   `error\n<message>`;
+//!   type `f32[37, 256]`, scalars as numbers) and answers `ok\n<kernel IR text>`,
+//!   `outputs\n<type>\n...` (a call with nothing to compute, such as an empty batch:
+//!   the host returns zero-filled outputs of these types without a launch, see
+//!   [`Built::Outputs`]) or `error\n<message>`;
 //! - `tessera_free_v1(ptr)`: frees a string returned by the other two.
 //!
 //! The kernel's inputs are the op's tensor arguments in order; its outputs are the op's
@@ -108,8 +110,31 @@ impl OpArgs {
     }
 }
 
+/// What a build function answers for one call.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Built {
+    /// The kernel that computes the call.
+    Kernel(Kernel),
+    /// The output types of a call with nothing to compute (an empty batch, where a grid
+    /// of size 0 is not a kernel): the host returns outputs of these types, zero-filled
+    /// (a reduction over nothing is 0), without a launch.
+    Outputs(Vec<TensorType>),
+}
+
+impl From<Kernel> for Built {
+    fn from(kernel: Kernel) -> Built {
+        Built::Kernel(kernel)
+    }
+}
+
+/// A build function's result as a [`Built`]: build functions return a `Kernel` or a
+/// `Built` ([`export_ops!`](crate::export_ops) calls this on either).
+pub fn built<T: Into<Built>>(result: Result<T, String>) -> Result<Built, String> {
+    result.map(Into::into)
+}
+
 /// How an exported op builds its kernel for the given arguments.
-pub type BuildFn = fn(&OpArgs) -> Result<Kernel, String>;
+pub type BuildFn = fn(&OpArgs) -> Result<Built, String>;
 
 /// The manifest text of a library exporting `schemas` under `namespace`.
 pub fn manifest(namespace: &str, schemas: &[&str]) -> String {
@@ -140,8 +165,32 @@ pub fn build_answer(ops: &[(&str, BuildFn)], op: &str, request: &str) -> String 
             .unwrap_or_else(|_| Err("the op's build function panicked".into()))
     });
     match built {
-        Ok(kernel) => format!("ok\n{}", crate::print_kernel(&kernel)),
+        Ok(Built::Kernel(kernel)) => format!("ok\n{}", crate::print_kernel(&kernel)),
+        Ok(Built::Outputs(types)) => {
+            let lines: Vec<String> = types.iter().map(|t| format!("{t}\n")).collect();
+            format!("outputs\n{}", lines.concat())
+        }
         Err(e) => format!("error\n{e}"),
+    }
+}
+
+/// Reads an answer of `tessera_build_v1` (what [`build_answer`] writes): the kernel,
+/// verified, or the output types; the library's error message, or what is malformed.
+pub fn read_answer(answer: &str) -> Result<Built, String> {
+    match answer.split_once('\n') {
+        Some(("ok", ir)) => crate::parse_kernel(ir)
+            .map(Built::Kernel)
+            .map_err(|e| format!("the kernel it built is invalid: {e}")),
+        Some(("outputs", types)) => types
+            .lines()
+            .map(|t| {
+                t.parse()
+                    .map_err(|e| format!("the output type `{t}` it declared is invalid: {e}"))
+            })
+            .collect::<Result<_, _>>()
+            .map(Built::Outputs),
+        Some(("error", message)) => Err(message.to_string()),
+        _ => Err(format!("malformed build answer `{answer}`")),
     }
 }
 
@@ -183,13 +232,19 @@ pub unsafe fn free_c(p: *mut c_char) {
 /// }
 /// ```
 ///
-/// Each build function is `fn(&OpArgs) -> Result<Kernel, String>`; Python loads the
-/// library with `tessera.load_library(path)` and calls `torch.ops.my_ops.add_rms_norm`.
+/// Each build function is `fn(&OpArgs) -> Result<Kernel, String>`, or returns a
+/// [`Built`](crate::op_library::Built) to answer an empty batch with its output types;
+/// Python loads the library with `tessera.load_library(path)` and calls
+/// `torch.ops.my_ops.add_rms_norm`.
 #[macro_export]
 macro_rules! export_ops {
     (namespace: $ns:literal, $($schema:literal => $build:path),+ $(,)?) => {
         const _TESSERA_OPS: &[(&str, $crate::op_library::BuildFn)] =
-            &[$(($schema, $build as $crate::op_library::BuildFn)),+];
+            &[$((
+                $schema,
+                (|args: &$crate::op_library::OpArgs| $crate::op_library::built($build(args)))
+                    as $crate::op_library::BuildFn,
+            )),+];
 
         /// The manifest of this Tessera op library.
         #[no_mangle]
@@ -255,10 +310,26 @@ mod tests {
 
     #[test]
     fn unknown_ops_and_panics_become_error_answers() {
-        fn panics(_: &OpArgs) -> Result<Kernel, String> {
+        fn panics(_: &OpArgs) -> Result<Built, String> {
             panic!("boom")
         }
-        let ops: &[(&str, BuildFn)] = &[("bad(Tensor x) -> Tensor", panics)];
+        fn empty(_: &OpArgs) -> Result<Built, String> {
+            Ok(Built::Outputs(vec![
+                TensorType::new(DType::F32, [0, 3]),
+                TensorType::new(DType::I32, [2]),
+            ]))
+        }
+        let ops: &[(&str, BuildFn)] = &[
+            ("bad(Tensor x) -> Tensor", panics),
+            ("empty(Tensor x) -> (Tensor, Tensor)", empty),
+        ];
+        let answer = build_answer(ops, "empty", "x f32[0, 3]");
+        assert_eq!(answer, "outputs\nf32[0, 3]\ni32[2]\n");
+        assert_eq!(read_answer(&answer), empty(&OpArgs::default()));
+        assert!(read_answer("outputs\nf64[1]")
+            .unwrap_err()
+            .contains("output type `f64[1]`"));
+        assert_eq!(read_answer("error\nbad x").unwrap_err(), "bad x");
         assert!(build_answer(ops, "nope", "").starts_with("error\nno op `nope`"));
         assert_eq!(
             build_answer(ops, "bad", "x f32[2]"),

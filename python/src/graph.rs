@@ -13,7 +13,7 @@ use runtime::pjrt::{Element, Executable, HostBuffer};
 use runtime::tune::TuneTarget;
 use runtime::Backend;
 
-use crate::library::UserCall;
+use crate::library::{UserBuild, UserCall};
 use crate::{run_op, tuned_op, Buffer};
 
 /// The XLA backend, or why it cannot be used.
@@ -118,7 +118,15 @@ fn tpu_custom_call_config(
     let limits = lowering::tpu_rules::TpuLimits::default();
     if op == USER_OP {
         let call = UserCall::parse(&params).map_err(PyValueError::new_err)?;
-        let kernel = call.kernel().map_err(PyValueError::new_err)?;
+        let kernel = match call.build().map_err(PyValueError::new_err)? {
+            UserBuild::Kernel(k) => k,
+            UserBuild::Outputs(_) => {
+                return Err(PyValueError::new_err(format!(
+                    "user op `{params:?}` has nothing to compute for these shapes (an empty \
+                     batch): TPU export takes calls that run a kernel"
+                )))
+            }
+        };
         let config = lowering::mosaic::custom_call_config(&kernel, &limits)
             .map_err(|e| PyValueError::new_err(format!("{}: {e}", kernel.name)))?;
         return Ok((config, kernel.name.clone()));

@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::ffi::{c_char, CStr, CString};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use kernel_ir::op_library::{IR_VERSION, PROTOCOL_VERSION};
-use kernel_ir::{parse_kernel, Kernel};
+use kernel_ir::op_library::{read_answer, Built, IR_VERSION, PROTOCOL_VERSION};
+use kernel_ir::{DType, Kernel, TensorType};
 use pyo3::exceptions::{PyFileNotFoundError, PyValueError};
 use pyo3::prelude::*;
 
@@ -31,7 +31,7 @@ struct Loaded {
     schemas: Vec<String>,
     build: BuildSymbol,
     free: FreeSymbol,
-    built: HashMap<(String, String), Arc<Kernel>>,
+    built: HashMap<(String, String), UserBuild>,
     /// Keeps the code mapped.
     _lib: libloading::Library,
 }
@@ -164,8 +164,57 @@ fn load_library(path: &str) -> PyResult<(usize, String, Vec<String>)> {
     Ok((libs.len() - 1, namespace, schemas))
 }
 
-/// The kernel of op `op` of library `lib` for `request`, built and verified once.
-pub(crate) fn kernel(lib: usize, op: &str, request: &str) -> Result<Arc<Kernel>, OpError> {
+/// What a user op's build answered for one request.
+#[derive(Clone)]
+pub(crate) enum UserBuild {
+    /// Its kernel, verified.
+    Kernel(Arc<Kernel>),
+    /// The output types of a call with nothing to compute (an empty batch).
+    Outputs(Arc<[TensorType]>),
+}
+
+impl UserBuild {
+    /// The types of the call's results.
+    pub(crate) fn output_types(&self) -> Vec<TensorType> {
+        match self {
+            UserBuild::Kernel(k) => k.output_types(),
+            UserBuild::Outputs(types) => types.to_vec(),
+        }
+    }
+
+    /// Runs the call on buffers, on `backend`; a call with nothing to compute zero-fills
+    /// its outputs without a launch (`None`: no backend ran).
+    pub(crate) fn run(
+        &self,
+        context: &str,
+        backend: runtime::Backend,
+        inputs: &[Buffer],
+        outputs: &[Buffer],
+    ) -> Result<Option<&'static str>, OpError> {
+        match self {
+            UserBuild::Kernel(k) => HostCall::new(context.to_string(), backend, inputs, outputs)?
+                .run_kernel(k)
+                .map(Some),
+            UserBuild::Outputs(_) => {
+                zero_fill(outputs);
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// Writes zeros over each buffer.
+fn zero_fill(buffers: &[Buffer]) {
+    for (data, shape, dtype) in buffers {
+        let elements: u64 = shape.iter().product();
+        let size = DType::from_name(dtype).map_or(0, DType::size_bytes);
+        // SAFETY: each buffer is the caller's storage of `shape` elements of `dtype`.
+        unsafe { std::ptr::write_bytes(*data as *mut u8, 0, elements as usize * size) };
+    }
+}
+
+/// What op `op` of library `lib` builds for `request`, built and verified once.
+pub(crate) fn build(lib: usize, op: &str, request: &str) -> Result<UserBuild, OpError> {
     let (build, free, path) = {
         let libs = libraries().lock().unwrap_or_else(|e| e.into_inner());
         let l = libs
@@ -185,21 +234,17 @@ pub(crate) fn kernel(lib: usize, op: &str, request: &str) -> Result<Arc<Kernel>,
     // SAFETY: both arguments are NUL-terminated; the answer is freed by `take`.
     let answer = unsafe { take(build(c_op.as_ptr(), c_request.as_ptr()), free) }
         .ok_or_else(|| bad("the build returned nothing".into()))?;
-    let ir = match answer.split_once('\n') {
-        Some(("ok", ir)) => ir,
-        Some(("error", message)) => return Err(bad(message.to_string())),
-        _ => return Err(bad(format!("malformed build answer `{answer}`"))),
+    let built = match read_answer(&answer).map_err(bad)? {
+        Built::Kernel(k) => UserBuild::Kernel(Arc::new(k)),
+        Built::Outputs(types) => UserBuild::Outputs(types.into()),
     };
-    let kernel = Arc::new(
-        parse_kernel(ir).map_err(|e| bad(format!("the kernel it built is invalid: {e}")))?,
-    );
     let mut libs = libraries().lock().unwrap_or_else(|e| e.into_inner());
-    let built = &mut libs[lib].built;
-    if built.len() >= BUILD_MEMO_LIMIT {
-        built.clear();
+    let memo = &mut libs[lib].built;
+    if memo.len() >= BUILD_MEMO_LIMIT {
+        memo.clear();
     }
-    built.insert((op.to_string(), request.to_string()), kernel.clone());
-    Ok(kernel)
+    memo.insert((op.to_string(), request.to_string()), built.clone());
+    Ok(built)
 }
 
 /// The output types of op `op` of library `lib` for `request`: `[(dtype, shape)]`.
@@ -210,15 +255,17 @@ fn user_output_types(
     op: &str,
     request: &str,
 ) -> PyResult<Vec<(String, Vec<u64>)>> {
-    let k = py.detach(|| kernel(lib, op, request))?;
-    Ok(k.output_types()
+    let built = py.detach(|| build(lib, op, request))?;
+    Ok(built
+        .output_types()
         .into_iter()
         .map(|t| (t.dtype.name().to_string(), t.shape))
         .collect())
 }
 
 /// Runs op `op` of library `lib` for `request` on `inputs` (its tensor arguments, in
-/// order) into `outputs`; returns the backend that ran it.
+/// order) into `outputs`; returns the backend that ran it (`none` for a call with
+/// nothing to compute).
 #[pyfunction]
 #[pyo3(signature = (lib, op, request, inputs, outputs, backend = "auto"))]
 fn run_user(
@@ -231,12 +278,15 @@ fn run_user(
     backend: &str,
 ) -> PyResult<&'static str> {
     Ok(py.detach(|| -> Result<&'static str, OpError> {
-        let k = kernel(lib, op, request)?;
-        crate::launches::record(|| format!("user op {op} {request}"));
+        let built = build(lib, op, request)?;
+        if matches!(built, UserBuild::Kernel(_)) {
+            crate::launches::record(|| format!("user op {op} {request}"));
+        }
         let requested = backend
             .parse()
             .map_err(|e: runtime::Error| OpError::Bad(e.to_string()))?;
-        HostCall::new(format!("op `{op}`"), requested, &inputs, &outputs)?.run_kernel(&k)
+        let ran = built.run(&format!("op `{op}`"), requested, &inputs, &outputs)?;
+        Ok(ran.unwrap_or("none"))
     })?)
 }
 
@@ -306,18 +356,17 @@ impl UserCall {
         })
     }
 
-    /// The call's kernel.
-    pub(crate) fn kernel(&self) -> Result<Arc<Kernel>, String> {
-        kernel(self.lib, &self.op, &self.request).map_err(OpError::message)
+    /// What the call's op builds for it.
+    pub(crate) fn build(&self) -> Result<UserBuild, String> {
+        build(self.lib, &self.op, &self.request).map_err(OpError::message)
     }
 
     /// Runs the call on XLA's buffers: natively, or in the interpreter when the native
     /// backend declines the kernel.
     pub(crate) fn run(&self, inputs: &[Buffer], outputs: &[Buffer]) -> Result<(), String> {
-        let k = self.kernel()?;
-        let run = |backend| {
-            HostCall::new(format!("op `{}`", self.op), backend, inputs, outputs)?.run_kernel(&k)
-        };
+        let built = self.build()?;
+        let context = format!("op `{}`", self.op);
+        let run = |backend| built.run(&context, backend, inputs, outputs);
         run(runtime::Backend::Native)
             .or_else(|_| run(runtime::Backend::Interp))
             .map(|_| ())

@@ -13,14 +13,14 @@ use std::fmt::Write as _;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, RwLock};
 
-use kernel_ir::{CheckKind, Kernel};
+use kernel_ir::CheckKind;
 use runtime::native::Prepared;
 use runtime::Backend;
 
-use crate::library::kernel;
+use crate::library::{build, UserBuild};
 use crate::torch_abi::{self, torch, BoxedKernel, Handle, StableIValue, Tensor};
 use crate::torch_ops::backend;
-use crate::{compiled_in_place, launches, run_prepared, Buffer, HostCall, OpError};
+use crate::{compiled_in_place, launches, run_prepared, Buffer, OpError};
 
 /// How many user ops a process can register with native kernels.
 pub(crate) const SLOTS: usize = 64;
@@ -164,10 +164,9 @@ unsafe fn call(
         let _ = writeln!(request, "{arg} {scalar:?}");
     }
     let requested = backend();
-    let built = built(index, op, requested, request)?;
-    let k = &built.kernel;
+    let ready = ready(index, op, requested, request)?;
     let (mut outputs, mut out_buffers) = (Vec::new(), Vec::new());
-    for ty in k.output_types() {
+    for ty in ready.build.output_types() {
         let code = torch()
             .dtype_code(ty.dtype.name())
             .ok_or_else(|| OpError::Failed(format!("{}: its kernel returns {ty}", op.qualified)))?;
@@ -185,13 +184,19 @@ unsafe fn call(
     let context = || format!("op `{}`", op.name);
     // SAFETY: the buffers are the contiguous storage of `tensors` and of the fresh
     // `outputs`, alive until the end of this function.
-    let done = built
+    let done = ready
         .native
         .as_ref()
         .and_then(|native| unsafe { run_prepared(native, &context, &in_buffers, &out_buffers) });
     match done {
-        Some(done) => done?,
-        None => HostCall::new(context(), requested, &in_buffers, &out_buffers)?.run_kernel(k)?,
+        Some(done) => {
+            done?;
+        }
+        None => {
+            ready
+                .build
+                .run(&context(), requested, &in_buffers, &out_buffers)?;
+        }
     };
     drop(tensors);
     for (slot, t) in slots.iter_mut().zip(outputs) {
@@ -200,25 +205,25 @@ unsafe fn call(
     Ok(())
 }
 
-/// A user op's kernel for one request and backend asked for, with its compiled form when
-/// it runs natively on the tensors' storage.
-struct Built {
-    kernel: Arc<Kernel>,
+/// What a user op builds for one request and backend asked for, with the kernel's
+/// compiled form when it runs natively on the tensors' storage.
+struct Ready {
+    build: UserBuild,
     native: Option<Prepared>,
 }
 
 /// Built kernels remembered, at most this many (the memo then restarts).
 const BUILT_LIMIT: usize = 1024;
 
-/// The kernel of the op in slot `index` for `request` on backend `requested`, built and
+/// What the op in slot `index` builds for `request` on backend `requested`, built and
 /// compiled once (later calls only look it up).
-fn built(
+fn ready(
     index: usize,
     op: &UserOp,
     requested: Backend,
     request: String,
-) -> Result<Arc<Built>, OpError> {
-    type Memo = HashMap<(usize, Backend, String), Arc<Built>>;
+) -> Result<Arc<Ready>, OpError> {
+    type Memo = HashMap<(usize, Backend, String), Arc<Ready>>;
     static MEMO: Mutex<Option<Memo>> = Mutex::new(None);
     let key = (index, requested, request);
     let hit = MEMO
@@ -226,23 +231,28 @@ fn built(
         .unwrap_or_else(|e| e.into_inner())
         .as_ref()
         .and_then(|m| m.get(&key).cloned());
-    let built = match hit {
-        Some(built) => built,
+    let ready = match hit {
+        Some(ready) => ready,
         None => {
-            let kernel = kernel(op.lib, &op.name, &key.2)?;
-            let native = compiled_in_place(&kernel, requested);
-            let built = Arc::new(Built { kernel, native });
+            let build = build(op.lib, &op.name, &key.2)?;
+            let native = match &build {
+                UserBuild::Kernel(kernel) => compiled_in_place(kernel, requested),
+                UserBuild::Outputs(_) => None,
+            };
+            let ready = Arc::new(Ready { build, native });
             let mut memo = MEMO.lock().unwrap_or_else(|e| e.into_inner());
             let memo = memo.get_or_insert_with(HashMap::new);
             if memo.len() >= BUILT_LIMIT {
                 memo.clear();
             }
-            memo.insert(key.clone(), built.clone());
-            built
+            memo.insert(key.clone(), ready.clone());
+            ready
         }
     };
-    launches::record(|| format!("user op {} {}", op.name, key.2));
-    Ok(built)
+    if matches!(ready.build, UserBuild::Kernel(_)) {
+        launches::record(|| format!("user op {} {}", op.name, key.2));
+    }
+    Ok(ready)
 }
 
 /// A checked tensor argument, made contiguous, and its buffer.

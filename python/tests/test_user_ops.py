@@ -104,6 +104,27 @@ def test_a_failed_check_is_pytorchs_error(user_ops, backend):
         user_ops.cross_entropy(logits, torch.tensor([0, 1, -2**32] + [0] * 17))
 
 
+@pytest.mark.parametrize("backend", ["native", "interp", "xla"])
+def test_an_empty_batch_gives_empty_results_without_a_launch(user_ops, backend):
+    # The build functions answer zero rows with their output types (no kernel: a grid of
+    # size 0 is not one); the results are PyTorch's, nothing runs.
+    x, w, b = torch.randn(0, 8), torch.rand(8), torch.randn(8)
+    with tessera.backend(backend), tessera.trace_ops() as trace:
+        o, h = user_ops.add_rms_norm(x, x, w)
+        g = user_ops.bias_gelu_residual(x, b, x)
+        loss = user_ops.cross_entropy(torch.randn(0, 5), torch.zeros(0, dtype=torch.int64))
+    assert trace.launches == [], trace.launches
+    for got, want in [(o, x), (h, x), (g, F.gelu(x + b) + x),
+                      (loss, F.cross_entropy(torch.randn(0, 5), torch.zeros(0, dtype=torch.int64),
+                                             reduction="none"))]:
+        assert got.shape == want.shape and got.dtype == want.dtype
+    torch.library.opcheck(user_ops.add_rms_norm, (x, x, w, 1e-5))
+    # The same call inside a compiled graph.
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, b: user_ops.bias_gelu_residual(x, b, x) + 1, backend="tessera")
+    assert compiled(x, b).shape == (0, 8)
+
+
 def test_default_arguments_and_non_contiguous_inputs(user_ops):
     x = torch.randn(256, 9).t()  # [9, 256], not contiguous
     r, w = torch.randn(9, 256), torch.rand(256) + 0.5
@@ -164,6 +185,7 @@ def test_python_kernels_when_native_autograd_is_off(user_ops):
         "x = torch.ones(2, 4)\n"
         "o, h = ops.add_rms_norm(x, x, torch.ones(4), 0.0)\n"
         "torch.testing.assert_close(o, torch.ones(2, 4))\n"
+        "print('empty batch:', tuple(ops.bias_gelu_tanh(torch.zeros(0, 8), torch.ones(8)).shape))\n"
         "try:\n"
         "    ops.bias_gelu_tanh(torch.zeros(4, 8, dtype=torch.float64), torch.ones(8))\n"
         "except ValueError as e:\n"
@@ -176,6 +198,7 @@ def test_python_kernels_when_native_autograd_is_off(user_ops):
     )
     out = run_without_native_autograd(script)
     assert "x: dtype torch.float64 is not supported" in out, out
+    assert "empty batch: (0, 8)" in out, out
     assert "check failed: [program (0)] target out of bounds: i32[2] [0, 3]" in out, out
     assert "target: int64 value 1099511627776 (element 1) is out of the int32 range" in out, out
 
@@ -188,7 +211,7 @@ def test_bad_arguments_name_the_argument(user_ops):
         user_ops.add_rms_norm(x, r, w.bfloat16())
     with pytest.raises(ValueError, match="x: dtype torch.float64 is not supported"):
         user_ops.bias_gelu_tanh(torch.zeros(4, 8, dtype=torch.float64), w)
-    with pytest.raises(ValueError, match="x must be a non-empty 2-D"):
+    with pytest.raises(ValueError, match="x must be a 2-D \\[rows, cols\\] tensor with cols > 0"):
         user_ops.bias_gelu_tanh(torch.randn(2, 4, 8), w)
 
 

@@ -7,7 +7,7 @@
 //! with PyTorch's `IndexError` for a target out of range). Load with
 //! `tessera.load_library(path_to_this_cdylib)`.
 
-use tessera::kernel_ir::op_library::OpArgs;
+use tessera::kernel_ir::op_library::{Built, OpArgs};
 use tessera::prelude::*;
 
 /// Rows per block (a partial last block is fine: Pallas's edge-block semantics; a
@@ -66,13 +66,14 @@ fn cross_entropy(x: Ref, t: Ref, o: Ref, #[comptime] rows: u64, #[comptime] clas
     o.write(select(t.eq(IGNORE_INDEX as i64), 0.0, lse - picked));
 }
 
-/// The `[rows, cols]` shape of 2-D argument `name`.
+/// The `[rows, cols]` shape of 2-D argument `name` (no rows is an empty batch; no
+/// columns is an error).
 fn rows_cols(args: &OpArgs, name: &str) -> Result<(TensorType, u64, u64), String> {
     let t = args.tensor(name)?.clone();
     match t.shape[..] {
-        [rows, cols] if rows > 0 && cols > 0 => Ok((t, rows, cols)),
+        [rows, cols] if cols > 0 => Ok((t, rows, cols)),
         _ => Err(format!(
-            "{name} must be a non-empty 2-D [rows, cols] tensor, got {t}"
+            "{name} must be a 2-D [rows, cols] tensor with cols > 0, got {t}"
         )),
     }
 }
@@ -90,12 +91,16 @@ fn row_block(rows: u64, cols: u64) -> BlockSpecFn {
     block_spec([block_rows(rows), cols], |i| vec![i[0].clone(), 0.into()])
 }
 
-fn build_add_rms_norm(args: &OpArgs) -> Result<Kernel, String> {
+fn build_add_rms_norm(args: &OpArgs) -> Result<Built, String> {
     let (x, rows, cols) = rows_cols(args, "x")?;
     expect(args, "residual", &x)?;
     let w = TensorType::new(x.dtype, [cols]);
     expect(args, "weight", &w)?;
     let eps = args.scalar("eps")?;
+    if rows == 0 {
+        // An empty batch: no kernel (a grid of size 0 is not one), empty results.
+        return Ok(Built::Outputs(vec![x.clone(), x]));
+    }
     pallas_call(move |x, r, w, o, h| add_rms_norm(x, r, w, o, h, cols, eps))
         .name("add_rms_norm")
         .grid([rows.div_ceil(block_rows(rows))])
@@ -105,12 +110,16 @@ fn build_add_rms_norm(args: &OpArgs) -> Result<Kernel, String> {
         .output(x.clone(), row_block(rows, cols))
         .output(x, row_block(rows, cols))
         .build()
+        .map(Built::Kernel)
         .map_err(|e| e.to_string())
 }
 
-fn build_bias_gelu_tanh(args: &OpArgs) -> Result<Kernel, String> {
+fn build_bias_gelu_tanh(args: &OpArgs) -> Result<Built, String> {
     let (x, rows, cols) = rows_cols(args, "x")?;
     expect(args, "bias", &TensorType::new(x.dtype, [cols]))?;
+    if rows == 0 {
+        return Ok(Built::Outputs(vec![x]));
+    }
     pallas_call(bias_gelu_tanh)
         .name("bias_gelu_tanh")
         .grid([rows.div_ceil(block_rows(rows))])
@@ -121,14 +130,18 @@ fn build_bias_gelu_tanh(args: &OpArgs) -> Result<Kernel, String> {
         )
         .output(x, row_block(rows, cols))
         .build()
+        .map(Built::Kernel)
         .map_err(|e| e.to_string())
 }
 
-fn build_bias_gelu_residual(args: &OpArgs) -> Result<Kernel, String> {
+fn build_bias_gelu_residual(args: &OpArgs) -> Result<Built, String> {
     let (x, rows, cols) = rows_cols(args, "x")?;
     let b = TensorType::new(x.dtype, [cols]);
     expect(args, "bias", &b)?;
     expect(args, "residual", &x)?;
+    if rows == 0 {
+        return Ok(Built::Outputs(vec![x]));
+    }
     pallas_call(bias_gelu_residual)
         .name("bias_gelu_residual")
         .grid([rows.div_ceil(block_rows(rows))])
@@ -137,16 +150,20 @@ fn build_bias_gelu_residual(args: &OpArgs) -> Result<Kernel, String> {
         .input(x.clone(), row_block(rows, cols))
         .output(x, row_block(rows, cols))
         .build()
+        .map(Built::Kernel)
         .map_err(|e| e.to_string())
 }
 
-fn build_cross_entropy(args: &OpArgs) -> Result<Kernel, String> {
+fn build_cross_entropy(args: &OpArgs) -> Result<Built, String> {
     let (x, rows, classes) = rows_cols(args, "logits")?;
     if x.dtype != DType::F32 {
         return Err(format!("logits must be f32, got {x}"));
     }
     // int64 targets (PyTorch's) arrive as i32: Tessera converts them with a range check.
     expect(args, "target", &TensorType::new(DType::I32, [rows]))?;
+    if rows == 0 {
+        return Ok(Built::Outputs(vec![TensorType::new(DType::F32, [0])]));
+    }
     let rows_block = || block_spec([block_rows(rows)], |i| vec![i[0].clone()]);
     pallas_call(move |x, t, o| cross_entropy(x, t, o, rows, classes))
         .name("cross_entropy")
@@ -155,6 +172,7 @@ fn build_cross_entropy(args: &OpArgs) -> Result<Kernel, String> {
         .input(TensorType::new(DType::I32, [rows]), rows_block())
         .output(TensorType::new(DType::F32, [rows]), rows_block())
         .build()
+        .map(Built::Kernel)
         .map_err(|e| e.to_string())
 }
 
