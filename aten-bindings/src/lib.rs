@@ -9,6 +9,18 @@
 //! A single-kernel op on f32 tensors that runs natively reads and writes the tensors'
 //! storage in place; other calls (bf16/f16, the XLA or interpreter backends) copy
 //! through host arrays. Non-contiguous inputs are read through `contiguous()`.
+//!
+//! ```no_run
+//! # use runtime::Backend;
+//! # use tch::{Device, Kind, Tensor};
+//! # fn main() -> Result<(), aten_bindings::Error> {
+//! # let q = Tensor::randn([1, 4, 32, 16], (Kind::Float, Device::Cpu));
+//! # let (k, v) = (q.shallow_clone(), q.shallow_clone());
+//! let (out, lse) = aten_bindings::flash_attention(&q, &k, &v, true, None, Backend::Auto)?;
+//! let (out, path) = aten_bindings::sdpa(&q, &k, &v, None, 0.0, true, None); // path: Tessera(..) or PyTorch
+//! # Ok(())
+//! # }
+//! ```
 
 use kernel_ir::{Array, ArrayData, DType, TensorType};
 use kernels::Params;

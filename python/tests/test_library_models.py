@@ -321,18 +321,6 @@ def test_transformers_attention_implementation_runs_the_kernels(name):
     assert padded.tessera[f"tessera.{kernel}.default"] == LAYERS and not padded.fallbacks, padded
 
 
-def test_the_readmes_attention_implementation_snippet_runs():
-    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
-    blocks = [block.split("```")[0] for block in readme.split("```python")[1:]]
-    scope = {}
-    exec(next(b for b in blocks if "tessera.hf.register()" in b), scope)  # noqa: S102 - the README's snippet
-    model = scope["model"]
-    assert model.config._attn_implementation == "tessera"
-    with tessera.trace_ops() as trace, torch.no_grad():
-        model(ids())
-    assert trace.tessera["tessera.flash_attention.default"] == LAYERS, trace
-
-
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_generate_gives_eagers_tokens_with_no_eager_graph(cache, xla_path):
     # The dynamic cache: Dynamo turns the growing length dynamic after the second step,

@@ -3,6 +3,9 @@
 
 include!("readme.rs");
 
+/// The other Rust snippets of the docs, compiled (`tests/outside_crate.rs` writes them).
+mod snippets;
+
 use tessera::kernel_ir::Array;
 use tessera::runtime::{run, Backend};
 
