@@ -3,6 +3,7 @@
 //! Exit codes: 0 ok, 1 wrong result or runtime failure, 2 bad usage or bad input.
 
 mod commands;
+mod elementwise;
 mod in_place;
 mod plot;
 mod tune;
@@ -95,9 +96,12 @@ enum Command {
         #[command(subcommand)]
         action: CacheAction,
     },
-    /// Time a kernel: median, GFLOP/s, GB/s and shares of this machine's measured peaks.
+    /// Time a kernel: median, GFLOP/s, GB/s and shares of this machine's measured peaks;
+    /// `tessera bench elementwise` times every element-wise math op against a copy and
+    /// PyTorch.
     Bench {
-        /// Library kernel name.
+        /// Library kernel name, or `elementwise` for the element-wise op sweep (takes
+        /// `--shape rows=R,cols=C`, default 4096 x 4096, and `--runs`).
         kernel: String,
         /// interp, xla, native or auto (default: $TESSERA_BACKEND, else auto).
         #[arg(long)]
@@ -229,6 +233,17 @@ fn main() -> ExitCode {
             plot,
         } => {
             let (backend, shape, vs) = (backend.as_deref(), &params.shape, vs.as_deref());
+            if kernel == "elementwise" {
+                return finish(
+                    if backend.is_some() || vs.is_some() || json || sweep.is_some() {
+                        Err(commands::usage(
+                            "`tessera bench elementwise` takes --shape rows=R,cols=C and --runs only",
+                        ))
+                    } else {
+                        elementwise::bench(shape, runs)
+                    },
+                );
+            }
             match sweep {
                 Some(sweep) => commands::bench_sweep(
                     &kernel,
@@ -243,6 +258,11 @@ fn main() -> ExitCode {
             }
         }
     };
+    finish(result)
+}
+
+/// The exit code of a command's result, with its error printed.
+fn finish(result: Result<(), commands::Failure>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

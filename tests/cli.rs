@@ -93,6 +93,38 @@ fn small_shape(name: &str) -> &'static str {
     }
 }
 
+/// The element-wise sweep prints a row per op, each correct to a few ulp.
+#[test]
+fn bench_elementwise_times_every_op_against_a_copy() {
+    let o = tessera(&[
+        "bench",
+        "elementwise",
+        "--shape",
+        "rows=9,cols=130",
+        "--runs",
+        "1",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    for op in [
+        "copy",
+        "exp",
+        "log",
+        "tanh",
+        "erf",
+        "sigmoid",
+        "pow 1.5",
+        "gelu (erf)",
+    ] {
+        let row = out
+            .lines()
+            .find(|l| l.starts_with(op))
+            .unwrap_or_else(|| panic!("no `{op}` row:\n{out}"));
+        let max_ulp: f64 = row.split_whitespace().last().unwrap().parse().unwrap();
+        assert!(max_ulp <= 3.0, "{row}");
+    }
+}
+
 #[test]
 fn bad_usage_exits_2_with_one_message() {
     for args in [
@@ -104,6 +136,9 @@ fn bad_usage_exits_2_with_one_message() {
         &["run", "rope", "--shape", "head_dim=7"],
         &["ir"],
         &["frobnicate"],
+        &["bench", "elementwise", "--shape", "rows=0"],
+        &["bench", "elementwise", "--shape", "depth=3"],
+        &["bench", "elementwise", "--vs", "torch"],
     ] {
         let o = tessera(args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));

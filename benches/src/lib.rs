@@ -1,6 +1,7 @@
 //! Shared setup of the benches: each library kernel at a small and a large size, and
 //! the baselines of its math: plain StableHLO on XLA, and PyTorch's ATen op.
 
+pub mod elementwise;
 pub mod torch_baseline;
 pub mod xla_baseline;
 

@@ -1,4 +1,4 @@
-//! What only the native backend does: its polynomial `exp`, `log`, `tanh` and `erf`, carried buffers that swap in
+//! What only the native backend does: its polynomial `exp`, `log`, `tanh`, `erf` and `pow`, carried buffers that swap in
 //! a loop, parallel programs split across threads, and the kernels it declines.
 
 use kernel_ir::dsl::for_range;
@@ -39,6 +39,8 @@ fn exp_matches_libm_over_the_whole_f32_range() {
         1e-30,
         -1e-30,
         88.0,
+        88.5,
+        88.72,
         -87.0,
         -100.0,
         100.0,
@@ -191,6 +193,80 @@ fn log_is_within_2_ulp_of_libm_over_the_whole_f32_range() {
         xs.push(2f32.powf(-149.0 + i as f32 * 0.16));
     }
     check_unary("log", Tensor::log, f64::ln, xs, 2.0);
+}
+
+/// `pow` against f64 `powf` (C's rules) over every pairing of bases and exponents:
+/// signs, zeros, infinities, NaN, integer and fractional exponents, results that
+/// overflow and underflow. Finite results are within `4 + |y ln x|` ulp (the log's
+/// error scaled by the exponent), results under 2.5e-38 may be flushed to 0.
+#[test]
+fn pow_follows_c_and_stays_within_its_bound() {
+    let mut bases = SPECIALS.to_vec();
+    bases.extend([
+        1.0,
+        -1.0,
+        0.5,
+        -0.5,
+        2.0,
+        -2.0,
+        1e-30,
+        3e-39,
+        7.5,
+        -7.5,
+        1e30,
+        f32::MAX,
+    ]);
+    bases.extend((0..40).map(|i| 0.05 + i as f32 * 0.37));
+    let mut exponents = SPECIALS.to_vec();
+    exponents.extend([
+        1.0, -1.0, 2.0, 3.0, -3.0, 0.5, 1.5, -2.5, 7.3, 10.0, -10.0, 31.0, 100.0, -100.0, 1e9,
+    ]);
+    let (mut xs, mut ys) = (Vec::new(), Vec::new());
+    for &x in &bases {
+        for &y in &exponents {
+            xs.push(x);
+            ys.push(y);
+        }
+    }
+    let rows = xs.len().div_ceil(64) as u64;
+    xs.resize(rows as usize * 64, 1.0);
+    ys.resize(rows as usize * 64, 1.0);
+    let ty = TensorType::new(DType::F32, [rows, 64]);
+    let k = pallas_call(|x: Ref, y: Ref, o: Ref| o.write(x.read().pow(y.read())))
+        .grid([1])
+        .input(ty.clone(), whole([rows, 64]))
+        .input(ty.clone(), whole([rows, 64]))
+        .output(ty, whole([rows, 64]))
+        .build()
+        .unwrap();
+    for registers in Registers::ALL.into_iter().filter(|r| r.runs_here()) {
+        let native = Native::for_registers(registers);
+        let inputs = [
+            f32_array([rows, 64], xs.clone()),
+            f32_array([rows, 64], ys.clone()),
+        ];
+        let got = native.run(&k, &inputs).unwrap();
+        for ((x, y), got) in xs.iter().zip(&ys).zip(got[0].as_f32().unwrap()) {
+            let want = (*x as f64).powf(*y as f64);
+            let ok = if want.is_nan() {
+                got.is_nan()
+            } else if (want as f32).is_infinite() {
+                *got == want as f32
+            } else if want.abs() < 2.5e-38 {
+                // exp flushes results under 2^-125 to 0.
+                got.abs() <= 2.5e-38 && (*got == 0.0 || got.signum() as f64 == want.signum())
+            } else {
+                let scale = (*y as f64 * (*x as f64).abs().ln()).abs();
+                let bound = 4.0 + if scale.is_nan() { 0.0 } else { scale };
+                ulps(*got, want) <= bound && got.is_sign_negative() == want.is_sign_negative()
+            };
+            assert!(
+                ok,
+                "pow({x:e}, {y:e}) = {got:e}, C says {want:e}: {} ulp ({registers:?})",
+                ulps(*got, want)
+            );
+        }
+    }
 }
 
 /// A kernel that prints in a loop on a 2-d grid: an i32 scalar, f32 and bool tensors.

@@ -1,5 +1,6 @@
 //! Element-wise ops on registers: arithmetic, comparisons, casts, bf16/f16 rounding, and
-//! the polynomial `exp`, `log`, and the `tanh` and `erf` built on `exp`.
+//! the polynomial `exp`, `log`, the `tanh` and `erf` built on `exp`, and `pow` built on
+//! both.
 
 use super::*;
 
@@ -178,6 +179,87 @@ impl<'k> Emitter<'k> {
         self.assign(&format!("arith.select {keep}, {x}, {y} : {st}"))
     }
 
+    /// `x^y` as `exp(y log|x|)` in registers (the product's rounding error folded back
+    /// in), with C's `powf` for the rest: a negative `x` takes the sign of an odd integer
+    /// `y` and gives NaN for a non-integer one; `y = 0` or `x = 1` give 1, `|x| = 1`
+    /// with an infinite `y` gives 1, and `y = 1` gives `x`. Within `4 + |y ln x|` ulp (the log's error scaled by
+    /// the exponent; tested against C's `pow`).
+    fn pow(&mut self, x: &str, y: &str, width: u64) -> String {
+        let (t, ti) = (lanes_of("f32", width), lanes_of("i32", width));
+        let st = select_type(width, &t);
+        let c = |e: &mut Self, v: f64| e.literal(DType::F32, v, width);
+        let ax = self.assign(&format!("math.absf {x} : {t}"));
+        let l = self.log(&ax, width);
+        let p = self.assign(&format!("arith.mulf {y}, {l} : {t}"));
+        let minus_p = self.assign(&format!("arith.negf {p} : {t}"));
+        let err = self.assign(&format!("math.fma {y}, {l}, {minus_p} : {t}"));
+        let r = self.exp(&p, width);
+        // r (1 + err); where r or the product is infinite that is NaN: r stays.
+        let corrected = self.assign(&format!("math.fma {r}, {err}, {r} : {t}"));
+        let number = self.assign(&format!("arith.cmpf ord, {corrected}, {corrected} : {t}"));
+        let r = self.assign(&format!("arith.select {number}, {corrected}, {r} : {st}"));
+        // The sign of a negative base.
+        let (zero, one, half, inf, nan) = (
+            c(self, 0.0),
+            c(self, 1.0),
+            c(self, 0.5),
+            c(self, f64::INFINITY),
+            c(self, f64::NAN),
+        );
+        let floor_y = self.assign(&format!("math.floor {y} : {t}"));
+        let integer = self.assign(&format!("arith.cmpf oeq, {floor_y}, {y} : {t}"));
+        let half_y = self.assign(&format!("arith.mulf {y}, {half} : {t}"));
+        let floor_half = self.assign(&format!("math.floor {half_y} : {t}"));
+        let even = self.assign(&format!("arith.cmpf oeq, {floor_half}, {half_y} : {t}"));
+        let bits = self.assign(&format!("arith.bitcast {x} : {t} to {ti}"));
+        let k0 = self.literal(DType::I32, 0.0, width);
+        let sign_bit = self.assign(&format!("arith.cmpi slt, {bits}, {k0} : {ti}"));
+        let odd = self.assign(&format!(
+            "arith.xori {integer}, {even} : {}",
+            lanes_of("i1", width)
+        ));
+        let negate = self.assign(&format!(
+            "arith.andi {sign_bit}, {odd} : {}",
+            lanes_of("i1", width)
+        ));
+        let minus_r = self.assign(&format!("arith.negf {r} : {t}"));
+        let r = self.assign(&format!("arith.select {negate}, {minus_r}, {r} : {st}"));
+        let negative = self.assign(&format!("arith.cmpf olt, {x}, {zero} : {t}"));
+        let finite_x = self.assign(&format!("arith.cmpf one, {ax}, {inf} : {t}"));
+        let fraction = self.assign(&format!("arith.cmpf une, {floor_y}, {y} : {t}"));
+        let bad = self.assign(&format!(
+            "arith.andi {negative}, {finite_x} : {}",
+            lanes_of("i1", width)
+        ));
+        let bad = self.assign(&format!(
+            "arith.andi {bad}, {fraction} : {}",
+            lanes_of("i1", width)
+        ));
+        let r = self.assign(&format!("arith.select {bad}, {nan}, {r} : {st}"));
+        // 1 for y = 0, x = 1, and |x| = 1 with y = +-inf.
+        let y_zero = self.assign(&format!("arith.cmpf oeq, {y}, {zero} : {t}"));
+        let x_one = self.assign(&format!("arith.cmpf oeq, {x}, {one} : {t}"));
+        let ay = self.assign(&format!("math.absf {y} : {t}"));
+        let unit = self.assign(&format!("arith.cmpf oeq, {ax}, {one} : {t}"));
+        let y_inf = self.assign(&format!("arith.cmpf oeq, {ay}, {inf} : {t}"));
+        let unit_inf = self.assign(&format!(
+            "arith.andi {unit}, {y_inf} : {}",
+            lanes_of("i1", width)
+        ));
+        let ones = self.assign(&format!(
+            "arith.ori {y_zero}, {x_one} : {}",
+            lanes_of("i1", width)
+        ));
+        let ones = self.assign(&format!(
+            "arith.ori {ones}, {unit_inf} : {}",
+            lanes_of("i1", width)
+        ));
+        let r = self.assign(&format!("arith.select {ones}, {one}, {r} : {st}"));
+        // x^1 is x exactly (the log would round it up to inf at f32::MAX).
+        let y_one = self.assign(&format!("arith.cmpf oeq, {y}, {one} : {t}"));
+        self.assign(&format!("arith.select {y_one}, {x}, {r} : {st}"))
+    }
+
     /// `coefficients[0] * y^n + ... + coefficients[n]` by fused multiply-adds.
     fn horner(&mut self, coefficients: &[f64], y: &str, width: u64) -> String {
         let t = lanes_of("f32", width);
@@ -252,6 +334,7 @@ impl<'k> Emitter<'k> {
             OpKind::Binary { op, .. } => {
                 let (x, y) = (&a[0], &a[1]);
                 match (arith_binary(*op, float), float, op) {
+                    (_, true, BinaryOp::Pow) => self.pow(x, y, width),
                     (Some(name), ..) => self.assign(&format!("{name} {x}, {y} : {t}")),
                     (None, true, _) => float_rem(self, x, y, &t),
                     // Integers round toward -inf: `arith-expand` lowers `floordivsi`.
@@ -406,12 +489,22 @@ impl<'k> Emitter<'k> {
         }
         let ti = lanes_of("i32", width);
         let ni = self.assign(&format!("arith.fptosi {n} : {t} to {ti}"));
+        // 2^n with n at most 127 (2^128 is not a float: for x in [88.38, 88.72] the
+        // result is p 2^127 2).
         let bias = self.literal(DType::I32, 127.0, width);
-        let e = self.assign(&format!("arith.addi {ni}, {bias} : {ti}"));
+        let capped = self.assign(&format!("arith.minsi {ni}, {bias} : {ti}"));
+        let e = self.assign(&format!("arith.addi {capped}, {bias} : {ti}"));
         let shift = self.literal(DType::I32, 23.0, width);
         let e = self.assign(&format!("arith.shli {e}, {shift} : {ti}"));
         let scale = self.assign(&format!("arith.bitcast {e} : {ti} to {t}"));
         let y = self.assign(&format!("arith.mulf {p}, {scale} : {t}"));
+        let top = self.assign(&format!("arith.cmpi sgt, {ni}, {bias} : {ti}"));
+        let two = c(self, 2.0);
+        let doubled = self.assign(&format!("arith.mulf {y}, {two} : {t}"));
+        let y = self.assign(&format!(
+            "arith.select {top}, {doubled}, {y} : {}",
+            select_type(width, &t)
+        ));
         let nan = self.assign(&format!("arith.cmpf uno, {x}, {x} : {t}"));
         self.assign(&format!("arith.select {nan}, {x}, {y} : {st}"))
     }
