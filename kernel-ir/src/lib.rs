@@ -8,6 +8,7 @@
 
 mod array;
 mod builder;
+mod check_outputs;
 pub mod dsl;
 mod interp;
 mod ir;
@@ -24,6 +25,7 @@ pub use array::{
     Array, ArrayData, ArrayError,
 };
 pub use builder::KernelBuilder;
+pub use check_outputs::CheckOutputs;
 pub use interp::{
     check_allocatable, check_inputs, check_scalar_prefetch, interpret, prefetch_data,
     InterpretOptions, RunError,

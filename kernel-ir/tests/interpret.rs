@@ -336,3 +336,52 @@ fn scalar_prefetch_places_blocks_from_the_table() {
         }
     }
 }
+
+/// Checks as outputs (what the XLA backend runs): the rewritten kernel verifies, keeps
+/// its scratch refs working, computes the same outputs, and reports the failure the
+/// interpreter reports, for a check inside a loop and a scalar value.
+#[test]
+fn checks_as_outputs_report_what_the_interpreter_reports() {
+    let ty = TensorType::new(DType::F32, [16, 8]);
+    let rows = || block_spec([4, 8], |i| vec![i[0].clone(), 0.into()]);
+    let k = pallas_call(|x: Ref, o: Ref, acc: Ref| {
+        acc.write(x.read());
+        kernel_ir::dsl::for_range(0, 2, 1, (), |j, ()| {
+            let v = acc.read();
+            check!(v.lt(100.0), "too big at step", j, v.max(1));
+            acc.write(v * 2.0);
+        });
+        check_index!(program_id(0).lt(9), "never fails:", program_id(0));
+        o.write(acc.read());
+    })
+    .grid([4])
+    .input(ty.clone(), rows())
+    .output(ty.clone(), rows())
+    .scratch(TensorType::new(DType::F32, [4, 8]))
+    .build()
+    .unwrap();
+    let outputs = kernel_ir::CheckOutputs::new(&k).unwrap();
+    kernel_ir::verify(&outputs.kernel).unwrap();
+    assert_eq!(outputs.outputs, 1);
+    let one_thread = InterpretOptions {
+        poison_uninitialized: false,
+        threads: 1,
+    };
+    for big in [None, Some((9 * 8 + 3, 60.0)), Some((14 * 8, 1e4))] {
+        let mut xs: Vec<f32> = (0..128).map(|i| i as f32 * 0.1).collect();
+        if let Some((i, v)) = big {
+            xs[i] = v;
+        }
+        let x = Array::from_f32(DType::F32, [16, 8], xs).unwrap();
+        let want = interpret(&k, std::slice::from_ref(&x), &one_thread);
+        let got = interpret(&outputs.kernel, std::slice::from_ref(&x), &one_thread)
+            .map(|outs| outputs.finish(outs));
+        assert_eq!(big.is_some(), matches!(got, Ok(Err(_))), "{big:?}: {got:?}");
+        match (want, got) {
+            (Ok(want), Ok(Ok(got))) => assert_eq!(want, got),
+            (Err(RunError::CheckFailed(want)), Ok(Err(got))) => assert_eq!(want, got),
+            (want, got) => panic!("{big:?}: interpreter {want:?}, as outputs {got:?}"),
+        }
+    }
+    assert!(kernel_ir::CheckOutputs::new(&add_one(8, 128, 8)).is_none());
+}

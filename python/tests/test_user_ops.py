@@ -84,7 +84,7 @@ def test_cross_entropy_and_exact_gelu_match_pytorch_with_int64_targets(user_ops,
     close(g, F.gelu(x + b) + r, torch.float32)
 
 
-@pytest.mark.parametrize("backend", ["native", "interp"])
+@pytest.mark.parametrize("backend", ["native", "interp", "xla"])
 def test_a_failed_check_is_pytorchs_error(user_ops, backend):
     # A target out of range fails the kernel's check_index! as PyTorch fails
     # F.cross_entropy: an IndexError (naming the first failing program and its block).

@@ -182,10 +182,19 @@ impl Xla {
         // outside its array: refuse such data instead.
         kernel_ir::check_scalar_prefetch(kernel, &kernel_ir::prefetch_data(kernel, inputs))?;
         use lowering::Lowering;
+        // Checks cannot stop an XLA program: they become outputs, read after the run.
+        let checked = kernel_ir::CheckOutputs::new(kernel);
+        let lowered = checked.as_ref().map_or(kernel, |c| &c.kernel);
         let module = lowering::StableHlo
-            .lower(kernel)
+            .lower(lowered)
             .expect("StableHLO takes every verified kernel");
-        self.run_module(&kernel.name, &module, inputs, &kernel.output_types())
+        let outputs = self.run_module(&kernel.name, &module, inputs, &lowered.output_types())?;
+        match checked {
+            Some(checked) => checked
+                .finish(outputs)
+                .map_err(|f| crate::Error::Run(kernel_ir::RunError::CheckFailed(f))),
+            None => Ok(outputs),
+        }
     }
 
     /// Compiles (or finds in the cache) and runs a StableHLO module given as text;

@@ -1,6 +1,6 @@
 //! `check!` / `check_index!`: a failed check is an error naming the first failing program,
-//! the message and the values, alike on the interpreter and the native backend; a check
-//! that holds changes nothing.
+//! the message and the values, alike on the interpreter, the native backend and XLA
+//! (where checks are outputs read after the run); a check that holds changes nothing.
 
 use kernel_ir::dsl::prelude::*;
 use kernel_ir::ops::CheckFailure;
@@ -8,6 +8,23 @@ use kernel_ir::{Array, CheckKind, RunError};
 use runtime::{Backend, Error};
 
 const ROWS: u64 = 30;
+
+/// The backends that run checks: the interpreter, native, and XLA where it is installed.
+fn backends() -> Vec<Backend> {
+    std::env::set_var(
+        "TESSERA_CACHE_DIR",
+        std::env::temp_dir().join("tessera-checks-test-cache"),
+    );
+    let mut backends = vec![Backend::Interp, Backend::Native];
+    match Backend::Xla.unavailable_because(&pick_kernel()) {
+        None => backends.push(Backend::Xla),
+        Some(reason) => assert!(
+            std::env::var_os("TESSERA_REQUIRE_XLA").is_none(),
+            "{reason}"
+        ),
+    }
+    backends
+}
 const CLASSES: i32 = 10;
 
 /// Picks `x[i, t[i]]` per row (8 rows a program, the last block ragged) after checking
@@ -72,21 +89,26 @@ fn checks_that_hold_change_nothing() {
         .enumerate()
         .map(|(i, &t)| (i as i32 * CLASSES + t) as f32)
         .collect();
-    for backend in [Backend::Interp, Backend::Native] {
+    for backend in backends() {
         let (out, _) = runtime::run(&pick_kernel(), &inputs(&targets, None), backend).unwrap();
         assert_eq!(out[0].as_f32().unwrap(), want, "{backend:?}");
     }
 }
 
 #[test]
-fn the_first_failing_program_is_reported_alike_on_interp_and_native() {
+fn the_first_failing_program_is_reported_alike_on_every_backend() {
     let mut targets: Vec<i32> = vec![0; ROWS as usize];
     // Programs 3 and 1 fail; program 1 is reported (grid order), with its block.
     targets[25] = -100;
     targets[13] = CLASSES;
     let interp = failure(Backend::Interp, &inputs(&targets, None));
-    let native = failure(Backend::Native, &inputs(&targets, None));
-    assert_eq!(interp, native);
+    for backend in backends() {
+        assert_eq!(
+            failure(backend, &inputs(&targets, None)),
+            interp,
+            "{backend:?}"
+        );
+    }
     assert_eq!(interp.kind, CheckKind::Index);
     assert_eq!(interp.program, vec![1]);
     assert_eq!(
@@ -103,7 +125,7 @@ fn the_first_failing_program_is_reported_alike_on_interp_and_native() {
 fn value_checks_fail_as_values_on_the_last_ragged_block() {
     let targets = vec![1; ROWS as usize];
     for bad in [f32::NAN, f32::INFINITY] {
-        for backend in [Backend::Interp, Backend::Native] {
+        for backend in backends() {
             let f = failure(
                 backend,
                 &inputs(&targets, Some((29 * CLASSES as usize, bad))),

@@ -67,7 +67,7 @@ macro_rules! debug_print {
 }
 
 /// Fails the run with a `ValueError` when an element of a bool kernel tensor is false
-/// (on the interpreter and the native backend; XLA and Mosaic drop it):
+/// (on the interpreter, the native backend and XLA; Mosaic drops it):
 /// `check!(x.ge(0.0), "x must be non-negative:", x)`. The error names the first failing
 /// program, the message and the values (their first 16 elements).
 #[macro_export]

@@ -604,9 +604,9 @@ pub fn debug_print(message: &str, values: &[Tensor]) {
 }
 
 /// Fails the run, as `kind`, when an element of the bool tensor `cond` is false: the
-/// interpreter and the native backend report the first failing program with `message`
-/// and `values` (torch ops raise `ValueError` or `IndexError`); the XLA and Mosaic
-/// lowerings drop the check. Kernels write [`check!`](crate::check) or
+/// interpreter, the native backend and XLA report the first failing program with
+/// `message` and `values` (torch ops raise `ValueError` or `IndexError`); the Mosaic
+/// lowering drops the check. Kernels write [`check!`](crate::check) or
 /// [`check_index!`](crate::check_index).
 #[track_caller]
 pub fn check(kind: CheckKind, cond: Tensor, message: &str, values: &[Tensor]) {

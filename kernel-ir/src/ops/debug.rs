@@ -2,8 +2,9 @@
 //! `check_index`: fail the run when an element of a bool tensor is false, reporting the
 //! message and values as a [`CheckFailure`]. They have no results and no effect on them,
 //! but are not pure (dead-code removal keeps them). The interpreter and the native
-//! backend format both through [`format_debug_print`]; the XLA and Mosaic lowerings drop
-//! them.
+//! backend format both through [`format_debug_print`]; the XLA backend runs checks as
+//! outputs ([`CheckOutputs`](crate::CheckOutputs)); the StableHLO and Mosaic lowerings
+//! drop what is left.
 
 use std::fmt::Write as _;
 
