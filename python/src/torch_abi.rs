@@ -382,3 +382,24 @@ pub(crate) fn throw(message: &str) -> ! {
     // SAFETY: the helper copies the message before throwing.
     unsafe { tessera_throw(message.as_ptr() as *const c_char, message.len()) }
 }
+
+/// An int64 tensor (PyTorch's index tensors) as a fresh int32 tensor, or the first
+/// value int32 cannot hold.
+pub(crate) fn int32_of(t: Tensor) -> Result<Tensor, String> {
+    let shape = t.shape();
+    let wide = t.contiguous()?;
+    let n = shape.iter().product::<u64>() as usize;
+    // SAFETY: a fresh contiguous int64 tensor of `n` elements, and one of int32.
+    let values = unsafe { std::slice::from_raw_parts(wide.data() as *const i64, n) };
+    let narrow = Tensor::empty(&shape, torch().i32)?;
+    let out = unsafe { std::slice::from_raw_parts_mut(narrow.data() as *mut i32, n) };
+    for (i, (&v, o)) in values.iter().zip(out.iter_mut()).enumerate() {
+        *o = i32::try_from(v).map_err(|_| {
+            format!(
+                "int64 value {v} (element {i}) is out of the int32 range Tessera's kernels \
+                 index with"
+            )
+        })?;
+    }
+    Ok(narrow)
+}

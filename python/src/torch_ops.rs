@@ -13,9 +13,12 @@ use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::OnceLock;
 
+use kernel_ir::CheckKind;
 use runtime::Backend;
 
-use crate::torch_abi::{self, take_optional, torch, BoxedKernel, Handle, StableIValue, Tensor};
+use crate::torch_abi::{
+    self, int32_of, take_optional, torch, BoxedKernel, Handle, StableIValue, Tensor,
+};
 use crate::{run_op, Buffer, OpError};
 
 /// One dispatcher op: its schema (`name(args) -> results`) and its CPU kernel.
@@ -321,7 +324,8 @@ impl Arg {
         })
     }
 
-    /// Checks device and that the dtype is int32 (block tables, lengths).
+    /// Checks device and that the dtype is int32, or int64 (PyTorch's index dtype) whose
+    /// values int32 holds, converted (block tables, lengths, offsets).
     fn int32(value: Value, name: &'static str) -> Result<Arg, OpError> {
         let tensor = match value {
             Value::Tensor(t) if t.is_defined() => t,
@@ -331,9 +335,15 @@ impl Arg {
         if !tensor.is_cpu() {
             return Err(bad(format!("{name}: tessera ops run on CPU tensors")));
         }
+        let tensor = if tensor.dtype() == t.i64 {
+            int32_of(tensor)
+                .map_err(|m| OpError::Checked(CheckKind::Index, format!("{name}: {m}")))?
+        } else {
+            tensor
+        };
         if tensor.dtype() != t.i32 {
             return Err(bad(format!(
-                "{name}: expected torch.int32, got {}",
+                "{name}: expected torch.int32 or torch.int64, got {}",
                 t.dtype_name(tensor.dtype())
             )));
         }

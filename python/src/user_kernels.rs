@@ -18,7 +18,7 @@ use runtime::native::Prepared;
 use runtime::Backend;
 
 use crate::library::{build, UserBuild};
-use crate::torch_abi::{self, torch, BoxedKernel, Handle, StableIValue, Tensor};
+use crate::torch_abi::{self, int32_of, torch, BoxedKernel, Handle, StableIValue, Tensor};
 use crate::torch_ops::backend;
 use crate::{compiled_in_place, launches, run_prepared, Buffer, OpError};
 
@@ -282,25 +282,4 @@ fn input(op: &UserOp, arg: &str, t: Tensor) -> Result<(Tensor, Buffer), OpError>
     let t = t.contiguous().map_err(OpError::Failed)?;
     let buffer = (t.data(), shape, dtype.to_string());
     Ok((t, buffer))
-}
-
-/// An int64 tensor (PyTorch's index tensors) as a fresh int32 tensor, or the first
-/// value int32 cannot hold.
-fn int32_of(t: Tensor) -> Result<Tensor, String> {
-    let shape = t.shape();
-    let wide = t.contiguous()?;
-    let n = shape.iter().product::<u64>() as usize;
-    // SAFETY: a fresh contiguous int64 tensor of `n` elements, and one of int32.
-    let values = unsafe { std::slice::from_raw_parts(wide.data() as *const i64, n) };
-    let narrow = Tensor::empty(&shape, torch().i32)?;
-    let out = unsafe { std::slice::from_raw_parts_mut(narrow.data() as *mut i32, n) };
-    for (i, (&v, o)) in values.iter().zip(out.iter_mut()).enumerate() {
-        *o = i32::try_from(v).map_err(|_| {
-            format!(
-                "int64 value {v} (element {i}) is out of the int32 range Tessera's kernels \
-                 index with"
-            )
-        })?;
-    }
-    Ok(narrow)
 }

@@ -30,6 +30,10 @@ __all__ = ["backend", "disable_sdpa_override", "enable_sdpa_override", "explain"
 _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
+# Index tensors the ops take: int32, and int64 (PyTorch's index dtype) converted to int32
+# with a range check by the CPU kernels.
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
 def _backend() -> str:
     return _tessera.current_backend()
 
@@ -282,15 +286,15 @@ def _(q, k_cache, v_cache, block_table, context_lens, scale=None):
         raise ValueError(f"k_cache/v_cache: shapes {tuple(k_cache.shape)}/{tuple(v_cache.shape)} must be equal "
                          f"[kv_heads, num_pages, page_size, {q.shape[2]}]")
     for name, t, rank in (("block_table", block_table, 2), ("context_lens", context_lens, 1)):
-        if t.dtype != torch.int32 or t.dim() != rank or t.shape[0] != q.shape[0]:
-            raise ValueError(f"{name}: expected int32 of rank {rank} over the query's batch of {q.shape[0]}, "
+        if t.dtype not in _INDEX_DTYPES or t.dim() != rank or t.shape[0] != q.shape[0]:
+            raise ValueError(f"{name}: expected int32 or int64 of rank {rank} over the query's batch of {q.shape[0]}, "
                              f"got {t.dtype} {tuple(t.shape)}")
     _same_device(query=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, context_lens=context_lens)
     return _empty(q)
 
 
 def _varlen_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k):
-    """Checks packed ``[heads, tokens, head_dim]`` q/k/v and int32 offsets (their values
+    """Checks packed ``[heads, tokens, head_dim]`` q/k/v and int32/int64 offsets (their values
     are checked by the CPU kernel, before it runs)."""
     _check(q, "query", rank=3)
     _check(k, "key", rank=3, dtype=q.dtype)
@@ -303,8 +307,9 @@ def _varlen_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k):
     if k.shape[0] == 0 or q.shape[0] % k.shape[0]:
         raise ValueError(f"key: {k.shape[0]} heads do not divide the query's {q.shape[0]} heads")
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
-        if t.dtype != torch.int32 or t.dim() != 1 or t.shape[0] == 0:
-            raise ValueError(f"{name}: expected int32 offsets of shape (batch + 1,), got {t.dtype} {tuple(t.shape)}")
+        if t.dtype not in _INDEX_DTYPES or t.dim() != 1 or t.shape[0] == 0:
+            raise ValueError(f"{name}: expected int32 or int64 offsets of shape (batch + 1,), "
+                             f"got {t.dtype} {tuple(t.shape)}")
     if cu_seqlens_q.shape != cu_seqlens_k.shape:
         raise ValueError(f"cu_seqlens_q/cu_seqlens_k: shapes {tuple(cu_seqlens_q.shape)}/"
                          f"{tuple(cu_seqlens_k.shape)} must be equal (batch + 1,)")

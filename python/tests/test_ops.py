@@ -227,8 +227,17 @@ def test_paged_attention_refuses_bad_tables_before_running():
     table[0, 2] = 0
     with pytest.raises(ValueError, match=r"context_lens\[2\] = 21: expected 0..=20"):
         ops.paged_attention(q, k, v, table, torch.tensor([20, 1, 21], dtype=torch.int32))
-    with pytest.raises(ValueError, match="block_table: expected torch.int32, got torch.int64"):
-        ops.paged_attention(q, k, v, table.long(), lens)
+    with pytest.raises(ValueError, match="block_table: expected torch.int32 or torch.int64, got torch.float32"):
+        ops.paged_attention(q, k, v, table.float(), lens)
+
+
+def test_paged_attention_takes_int64_tables_as_pytorch_holds_them():
+    q, k, v, table, lens = paged_inputs()
+    close(ops.paged_attention(q, k, v, table.long(), lens.long()), ops.paged_attention(q, k, v, table, lens),
+          torch.float32)
+    torch.library.opcheck(ops.paged_attention, (q, k, v, table.long(), lens.long()))
+    with pytest.raises(IndexError, match=r"block_table: int64 value 4294967296 \(element 1\) is out of the int32"):
+        ops.paged_attention(q, k, v, table.long().index_fill(1, torch.tensor([1]), 2**32), lens)
 
 
 def offsets(lens):
@@ -295,6 +304,13 @@ def test_varlen_attention_takes_token_major_views_and_empty_batches():
     assert q.grad.eq(0).all()
 
 
+def test_varlen_attention_takes_int64_offsets_with_grads():
+    q, k, v, cu_q, cu_k = varlen_inputs([5, 1, 9], grad=True)
+    same_outputs_and_grads(ops.varlen_attention(q, k, v, cu_q.long(), cu_k.long(), True),
+                           varlen_reference(q, k, v, cu_q, cu_k, True), (q, k, v))
+    torch.library.opcheck(ops.varlen_attention, (q, k, v, cu_q.long(), cu_k.long(), True))
+
+
 def test_varlen_attention_refuses_bad_offsets_before_running():
     q, k, v, cu_q, cu_k = varlen_inputs([5, 3, 4])
     bad = torch.tensor([0, 5, 3, 12], dtype=torch.int32)
@@ -304,8 +320,8 @@ def test_varlen_attention_refuses_bad_offsets_before_running():
         ops.varlen_attention(q, k, v, cu_q, torch.tensor([0, 5, 8, 11], dtype=torch.int32))
     with pytest.raises(ValueError, match=r"cu_seqlens_q\[0\] = -1: the offsets must start at 0"):
         ops.varlen_attention(q, k, v, torch.tensor([-1, 5, 8, 12], dtype=torch.int32), cu_k)
-    with pytest.raises(ValueError, match="cu_seqlens_q: expected torch.int32, got torch.int64"):
-        ops.varlen_attention(q, k, v, cu_q.long(), cu_k)
+    with pytest.raises(ValueError, match="cu_seqlens_q: expected torch.int32 or torch.int64, got torch.float32"):
+        ops.varlen_attention(q, k, v, cu_q.float(), cu_k)
     with pytest.raises(ValueError, match=r"cu_seqlens_q/cu_seqlens_k: shapes \(4,\)/\(3,\) must be equal"):
         ops.varlen_attention(q, k, v, cu_q, cu_k[:3])
     with pytest.raises(ValueError, match=r"key/value: shapes \(2, 12, 16\)/\(2, 11, 16\) must be equal"):
