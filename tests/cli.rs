@@ -112,6 +112,8 @@ fn bench_elementwise_times_every_op_against_a_copy() {
         "log",
         "tanh",
         "erf",
+        "sin",
+        "cos",
         "sigmoid",
         "pow 1.5",
         "gelu (erf)",

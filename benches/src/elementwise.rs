@@ -52,6 +52,18 @@ pub const OPS: &[ElementwiseOp] = &[
         reference: libm::erf,
     },
     ElementwiseOp {
+        name: "sin",
+        kernel: |x| x.sin(),
+        torch: |x| x.sin(),
+        reference: f64::sin,
+    },
+    ElementwiseOp {
+        name: "cos",
+        kernel: |x| x.cos(),
+        torch: |x| x.cos(),
+        reference: f64::cos,
+    },
+    ElementwiseOp {
         name: "sqrt",
         kernel: |x| x.sqrt(),
         torch: |x| x.sqrt(),

@@ -434,6 +434,10 @@ pub enum UnaryOp {
     Sqrt,
     /// The Gauss error function (exact GELU: `x * (1 + erf(x / sqrt(2))) / 2`).
     Erf,
+    /// Sine (radians).
+    Sin,
+    /// Cosine (radians).
+    Cos,
     /// Logical / bitwise not (bool and i32).
     Not,
 }
@@ -511,7 +515,7 @@ macro_rules! op_names {
 }
 
 op_names!(UnaryOp { Neg => "neg", Abs => "abs", Exp => "exp", Log => "log", Tanh => "tanh",
-    Rsqrt => "rsqrt", Sqrt => "sqrt", Erf => "erf", Not => "not" });
+    Rsqrt => "rsqrt", Sqrt => "sqrt", Erf => "erf", Sin => "sin", Cos => "cos", Not => "not" });
 op_names!(BinaryOp { Add => "add", Sub => "sub", Mul => "mul", Div => "div", Rem => "rem",
     Max => "max", Min => "min", Pow => "pow", And => "and", Or => "or" });
 op_names!(CmpPred { Eq => "eq", Ne => "ne", Lt => "lt", Le => "le", Gt => "gt", Ge => "ge" });

@@ -113,7 +113,8 @@ pub(crate) fn arith_binary(op: BinaryOp, float: bool) -> Option<&'static str> {
 }
 
 /// The one `arith`/`math` op of a unary operator on floats, or `None` for `not`.
-/// (The CPU lowering computes `exp`, `rsqrt` and `erf` its own way: see `cpu/math.rs`.)
+/// (The CPU lowering computes `exp`, `log`, `tanh`, `rsqrt`, `erf`, `sin` and `cos` its own
+/// way: see `cpu/math.rs`.)
 pub(crate) fn arith_unary_float(op: UnaryOp) -> Option<&'static str> {
     Some(match op {
         UnaryOp::Neg => "arith.negf",
@@ -124,6 +125,8 @@ pub(crate) fn arith_unary_float(op: UnaryOp) -> Option<&'static str> {
         UnaryOp::Rsqrt => "math.rsqrt",
         UnaryOp::Sqrt => "math.sqrt",
         UnaryOp::Erf => "math.erf",
+        UnaryOp::Sin => "math.sin",
+        UnaryOp::Cos => "math.cos",
         UnaryOp::Not => return None,
     })
 }

@@ -255,7 +255,7 @@ fn check_passes(name: &str, overrides: &str) -> bool {
         .all(|kernel| check(kernel, &TpuLimits::default()).is_ok())
 }
 
-/// An element-wise op no library kernel uses (`erf`, for exact GELU) lowers to a body
+/// Element-wise ops no library kernel uses (`erf`, for exact GELU; `sin`, `cos`) lower to a body
 /// that jaxlib's `tpu` dialect verifies and libtpu compiles for v5e; its `debug_print`
 /// is dropped.
 #[test]
@@ -265,7 +265,8 @@ fn erf_verifies_and_compiles_for_v5e() {
          in %x : f32[16, 128] block [8, 128] map (i0) -> (i0, 0) vmem\n\
          out %o : f32[16, 128] block [8, 128] map (i0) -> (i0, 0) vmem\n\
          body {\n%0 = load %x[:, :] : f32[8, 128]\n%1 = erf %0 : f32[8, 128]\n\
-         debug_print \"erf \\\"x\\\":\" [%0, %1]\nstore %o[:, :], %1\n}\n}",
+         debug_print \"erf \\\"x\\\":\" [%0, %1]\n%2 = sin %1 : f32[8, 128]\n\
+         %3 = cos %2 : f32[8, 128]\nstore %o[:, :], %3\n}\n}",
     )
     .unwrap();
     assert!(kernel_ir::print_kernel(&kernel).contains(r#"debug_print "erf \"x\":" ["#));

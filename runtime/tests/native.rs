@@ -1,4 +1,4 @@
-//! What only the native backend does: its polynomial `exp`, `log`, `tanh`, `erf` and `pow`, carried buffers that swap in
+//! What only the native backend does: its polynomial `exp`, `log`, `tanh`, `erf`, `sin`, `cos` and `pow`, carried buffers that swap in
 //! a loop, parallel programs split across threads, and the kernels it declines.
 
 use kernel_ir::dsl::for_range;
@@ -193,6 +193,76 @@ fn log_is_within_2_ulp_of_libm_over_the_whole_f32_range() {
         xs.push(2f32.powf(-149.0 + i as f32 * 0.16));
     }
     check_unary("log", Tensor::log, f64::ln, xs, 2.0);
+}
+
+/// `sin` and `cos` against libm: within 2 ulp, or 1e-7 absolute near their zeros (the
+/// reduction by pi/2 leaves that much), for |x| < 1e5 over every quadrant and around
+/// multiples of pi/2; NaN for infinities and NaN; `sin(-0) = -0`.
+#[test]
+fn sin_and_cos_are_within_2_ulp_of_libm() {
+    let mut xs = SPECIALS.to_vec();
+    xs.extend([
+        1e-30,
+        -1e-30,
+        1e-3,
+        std::f32::consts::FRAC_PI_4,
+        1e5 - 1.0,
+        -99_999.0,
+    ]);
+    for i in -2000..=2000 {
+        xs.push(i as f32 * 0.0123);
+    }
+    for k in -200..=200 {
+        let near = k as f32 * std::f32::consts::FRAC_PI_2;
+        xs.extend([
+            near,
+            f32::from_bits(near.to_bits() + 1),
+            f32::from_bits(near.to_bits().wrapping_sub(1)),
+        ]);
+    }
+    for i in 0..500 {
+        xs.push(1.1f32.powi(i) * if i % 2 == 0 { 1.0 } else { -1.0 });
+    }
+    xs.retain(|x| !x.is_finite() || x.abs() < 1e5);
+    let rows = xs.len().div_ceil(64) as u64;
+    xs.resize(rows as usize * 64, 0.5);
+    for (name, f, reference) in [
+        (
+            "sin",
+            Tensor::sin as fn(Tensor) -> Tensor,
+            f64::sin as fn(f64) -> f64,
+        ),
+        ("cos", Tensor::cos, f64::cos),
+    ] {
+        for registers in Registers::ALL.into_iter().filter(|r| r.runs_here()) {
+            let native = Native::for_registers(registers);
+            let k = unary_kernel([rows, 64], f);
+            let got = native
+                .run(&k, &[f32_array([rows, 64], xs.clone())])
+                .unwrap();
+            for (x, y) in xs.iter().zip(got[0].as_f32().unwrap()) {
+                let want = reference(*x as f64);
+                let ok = if want.is_nan() {
+                    y.is_nan()
+                } else {
+                    ulps(*y, want) <= 2.0 || (*y as f64 - want).abs() <= 1e-7
+                };
+                assert!(
+                    ok,
+                    "{name}({x:e}) = {y:e}, libm says {want:e}: {} ulp ({registers:?})",
+                    ulps(*y, want)
+                );
+            }
+        }
+    }
+    let k = unary_kernel([1, 64], Tensor::sin);
+    let (got, _) =
+        runtime::run(&k, &[f32_array([1, 64], vec![-0.0; 64])], Backend::Native).unwrap();
+    assert!(got[0]
+        .as_f32()
+        .unwrap()
+        .iter()
+        .all(|y| *y == 0.0 && y.is_sign_negative()));
 }
 
 /// `pow` against f64 `powf` (C's rules) over every pairing of bases and exponents:

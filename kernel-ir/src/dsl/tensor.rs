@@ -24,6 +24,8 @@ pub const TENSOR_METHODS: &[&str] = &[
     "rsqrt",
     "recip",
     "erf",
+    "sin",
+    "cos",
     "abs",
     "sigmoid",
     "maximum",
@@ -120,6 +122,18 @@ impl Tensor {
     #[track_caller]
     pub fn erf(self) -> Tensor {
         self.apply(UnaryOp::Erf)
+    }
+
+    /// Sine (radians), element-wise.
+    #[track_caller]
+    pub fn sin(self) -> Tensor {
+        self.apply(UnaryOp::Sin)
+    }
+
+    /// Cosine (radians), element-wise.
+    #[track_caller]
+    pub fn cos(self) -> Tensor {
+        self.apply(UnaryOp::Cos)
     }
 
     /// `1 / sqrt(x)`, element-wise.

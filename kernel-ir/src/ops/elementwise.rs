@@ -179,6 +179,8 @@ fn unary(op: UnaryOp, x: &Array) -> Array {
                 UnaryOp::Rsqrt => |a| 1.0 / a.sqrt(),
                 UnaryOp::Sqrt => f32::sqrt,
                 UnaryOp::Erf => libm::erff,
+                UnaryOp::Sin => f32::sin,
+                UnaryOp::Cos => f32::cos,
                 UnaryOp::Not => unreachable!("verifier rejects `not` on floats"),
             };
             rounded(ty.dtype, v.iter().map(|&a| f(a)).collect())

@@ -21,6 +21,8 @@ impl Emitter<'_> {
                     UnaryOp::Rsqrt => "rsqrt",
                     UnaryOp::Sqrt => "sqrt",
                     UnaryOp::Erf => "chlo.erf",
+                    UnaryOp::Sin => "sine",
+                    UnaryOp::Cos => "cosine",
                     UnaryOp::Not => "not",
                 };
                 self.op(name, &[(&self.v(*x), &self.vt(*x))], "", &self.vt(*x))
