@@ -28,12 +28,15 @@ TORCH_STAMP := $(VENV)/.torch-2.13.0-torch-mlir-20261001
 # replace it.
 MODEL_LIBS := transformers==5.23.0 timm==1.0.31 diffusers==0.42.1 torchvision==0.28.0 torch==2.13.0
 MODEL_LIBS_STAMP := $(VENV)/.transformers-5.23.0-timm-1.0.31-diffusers-0.42.1
+# The Python linter and formatter (`make lint`; its rules are in python/pyproject.toml).
+RUFF := ruff==0.17.6
+RUFF_STAMP := $(VENV)/.ruff-0.17.6
 
-.PHONY: demo test setup apt python build lint fmt-check clippy fuzz clean
+.PHONY: demo test setup apt python build lint fmt-check clippy ruff fuzz clean
 
 ## setup: install what the build and tests need (system packages; the venv with the
 ## PJRT plugin, jax/jaxlib/libtpu, torch, maturin and pytest).
-setup: apt $(PJRT_STAMP) $(JAX_STAMP) $(TORCH_STAMP) $(MODEL_LIBS_STAMP) $(VENV)/torch
+setup: apt $(PJRT_STAMP) $(JAX_STAMP) $(TORCH_STAMP) $(MODEL_LIBS_STAMP) $(RUFF_STAMP) $(VENV)/torch
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust (rustup)"; exit 1; }
 
 apt:
@@ -61,6 +64,10 @@ $(TORCH_STAMP): $(VENV)/bin/python
 
 $(MODEL_LIBS_STAMP): $(TORCH_STAMP)
 	$(PIP) install -q $(MODEL_LIBS)
+	touch $@
+
+$(RUFF_STAMP): $(VENV)/bin/python
+	$(PIP) install -q $(RUFF)
 	touch $@
 
 # tch links this PyTorch's libtorch through .venv/torch (LIBTORCH in .cargo/config.toml).
@@ -112,7 +119,12 @@ fuzz:
 		test $$rc -eq 0 || { tail -30 target/fuzz-artifacts/$$t.log; echo "fuzz $$t failed: see target/fuzz-artifacts/"; exit 1; }; \
 	done
 
-lint: fmt-check clippy
+lint: fmt-check clippy ruff
+
+## ruff: the Python package, tests and examples linted and format-checked.
+ruff: $(RUFF_STAMP)
+	$(VENV)/bin/ruff check python
+	$(VENV)/bin/ruff format --check python
 
 # The user op library example is its own workspace (as a user's crate is).
 USER_OPS := --manifest-path python/examples/user_ops/Cargo.toml

@@ -58,10 +58,12 @@ def attention_inputs(grad=False):
 def fwd_bwd(fn, leaves, grad):
     """A call of ``fn`` then its backward for output gradient ``grad``, the gradients
     of ``leaves`` cleared first."""
+
     def run():
         for t in leaves:
             t.grad = None
         fn().backward(grad)
+
     return run
 
 
@@ -77,41 +79,47 @@ def rows():
     yield "softmax 1x8 (a call's fixed cost)", lambda: ops.softmax(x1), lambda: torch.softmax(x1, -1)
     # The same through torch.ops, the dispatcher path every custom op takes (torch.softmax
     # is a direct C++ binding).
-    yield ("same vs torch.ops.aten._softmax", lambda: ops.softmax(x1),
-           lambda: torch.ops.aten._softmax(x1, -1, False))
+    yield ("same vs torch.ops.aten._softmax", lambda: ops.softmax(x1), lambda: torch.ops.aten._softmax(x1, -1, False))
     yield "softmax 64x256", lambda: ops.softmax(x64), lambda: torch.softmax(x64, -1)
 
     def inference(fn):
         def run():
             with torch.inference_mode():
                 return fn()
+
         return run
 
-    yield ("same, under inference_mode", inference(lambda: ops.softmax(x64)),
-           inference(lambda: torch.softmax(x64, -1)))
-    yield ("rms_norm 64x256", lambda: ops.rms_norm(x64, w256, 1e-5),
-           lambda: F.rms_norm(x64, (256,), w256, 1e-5))
+    yield ("same, under inference_mode", inference(lambda: ops.softmax(x64)), inference(lambda: torch.softmax(x64, -1)))
+    yield ("rms_norm 64x256", lambda: ops.rms_norm(x64, w256, 1e-5), lambda: F.rms_norm(x64, (256,), w256, 1e-5))
     if USER_OPS.exists():
         user = tessera.load_library(USER_OPS)
         r64 = torch.randn(64, 256)
-        yield ("user op add_rms_norm 64x256 (example crate)", lambda: user.add_rms_norm(x64, r64, w256, 1e-5),
-               lambda: (F.rms_norm(x64 + r64, (256,), w256, 1e-5), x64 + r64))
+        yield (
+            "user op add_rms_norm 64x256 (example crate)",
+            lambda: user.add_rms_norm(x64, r64, w256, 1e-5),
+            lambda: (F.rms_norm(x64 + r64, (256,), w256, 1e-5), x64 + r64),
+        )
     yield "softmax 512x2048", lambda: ops.softmax(x512), lambda: torch.softmax(x512, -1)
     yield "swiglu 256x4096", lambda: ops.swiglu(g, u), lambda: F.silu(g) * u
-    yield ("flash_attention GQA 8/2, S256, D64, causal",
-           lambda: ops.flash_attention(q, k, v, is_causal=True),
-           lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
-    yield ("same, forward + backward",
-           fwd_bwd(lambda: ops.flash_attention(qg, kg, vg, is_causal=True), (qg, kg, vg), do),
-           fwd_bwd(lambda: F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, enable_gqa=True),
-                   (qg, kg, vg), do))
+    yield (
+        "flash_attention GQA 8/2, S256, D64, causal",
+        lambda: ops.flash_attention(q, k, v, is_causal=True),
+        lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+    )
+    yield (
+        "same, forward + backward",
+        fwd_bwd(lambda: ops.flash_attention(qg, kg, vg, is_causal=True), (qg, kg, vg), do),
+        fwd_bwd(lambda: F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, enable_gqa=True), (qg, kg, vg), do),
+    )
     # bf16 tensors: the native kernels read and write their 2-byte storage in place.
     xb = x512.bfloat16()
     yield "softmax 512x2048, bf16", lambda: ops.softmax(xb), lambda: torch.softmax(xb, -1)
     qb, kb, vb = (t.bfloat16() for t in (q, k, v))
-    yield ("flash_attention as above, bf16",
-           lambda: ops.flash_attention(qb, kb, vb, is_causal=True),
-           lambda: F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, enable_gqa=True))
+    yield (
+        "flash_attention as above, bf16",
+        lambda: ops.flash_attention(qb, kb, vb, is_causal=True),
+        lambda: F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, enable_gqa=True),
+    )
 
 
 def print_table(doc, rows, repeats=15, width=44):

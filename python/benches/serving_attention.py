@@ -13,9 +13,9 @@ Tessera is faster).
 
 import torch
 import torch.nn.functional as F
+from eager_cost import fwd_bwd, print_table
 
 import tessera  # noqa: F401  (registers the ops)
-from eager_cost import fwd_bwd, print_table
 
 ops = torch.ops.tessera
 
@@ -35,7 +35,7 @@ def gathered_sdpa(q, k_cache, v_cache, table, lens):
     page_size = k_cache.shape[2]
     for b in range(q.shape[0]):
         n = int(lens[b])
-        used = table[b, :(n + page_size - 1) // page_size].long()
+        used = table[b, : (n + page_size - 1) // page_size].long()
         k = k_cache[:, used].flatten(1, 2)[:, :n]
         v = v_cache[:, used].flatten(1, 2)[:, :n]
         outs.append(F.scaled_dot_product_attention(q[b, :, None], k, v, enable_gqa=True)[:, 0])
@@ -57,23 +57,35 @@ def sdpa_per_sequence(q, k, v, cu):
     for b in range(len(cu) - 1):
         s, e = int(cu[b]), int(cu[b + 1])
         if e > s:
-            outs.append(F.scaled_dot_product_attention(q[None, :, s:e], k[None, :, s:e], v[None, :, s:e],
-                                                       is_causal=True, enable_gqa=True)[0])
+            outs.append(
+                F.scaled_dot_product_attention(
+                    q[None, :, s:e], k[None, :, s:e], v[None, :, s:e], is_causal=True, enable_gqa=True
+                )[0]
+            )
     return torch.cat(outs, 1)
 
 
 def rows():
     for dtype, name in ((torch.float32, "f32"), (torch.bfloat16, "bf16")):
         args = paged_inputs(8, 16, 2, 128, 16, 512, 64, dtype)
-        yield (f"paged decode {name}, B8 16/2 heads D128, <=1024 tokens",
-               lambda args=args: ops.paged_attention(*args), lambda args=args: gathered_sdpa(*args))
+        yield (
+            f"paged decode {name}, B8 16/2 heads D128, <=1024 tokens",
+            lambda args=args: ops.paged_attention(*args),
+            lambda args=args: gathered_sdpa(*args),
+        )
     q, k, v, cu = varlen_inputs(8, 2048, 8, 2, 64)
-    yield ("varlen prefill causal, 8 seqs / 2048 tokens, 8/2 heads D64",
-           lambda: ops.varlen_attention(q, k, v, cu, cu, True), lambda: sdpa_per_sequence(q, k, v, cu))
+    yield (
+        "varlen prefill causal, 8 seqs / 2048 tokens, 8/2 heads D64",
+        lambda: ops.varlen_attention(q, k, v, cu, cu, True),
+        lambda: sdpa_per_sequence(q, k, v, cu),
+    )
     qg, kg, vg, cu = varlen_inputs(8, 2048, 8, 2, 64, grad=True)
     do, leaves = torch.randn_like(qg), (qg, kg, vg)
-    yield ("same, forward + backward", fwd_bwd(lambda: ops.varlen_attention(qg, kg, vg, cu, cu, True), leaves, do),
-           fwd_bwd(lambda: sdpa_per_sequence(qg, kg, vg, cu), leaves, do))
+    yield (
+        "same, forward + backward",
+        fwd_bwd(lambda: ops.varlen_attention(qg, kg, vg, cu, cu, True), leaves, do),
+        fwd_bwd(lambda: sdpa_per_sequence(qg, kg, vg, cu), leaves, do),
+    )
 
 
 def main():

@@ -12,9 +12,9 @@ import sys
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from llama_block import TinyGPT
 
 import tessera  # noqa: F401  (registers the ops and the "tessera" backend)
-from llama_block import TinyGPT
 
 STEPS, BATCH, SEQ = 4, 8, 16
 

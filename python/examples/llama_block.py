@@ -55,7 +55,9 @@ class Block(nn.Module):
         else:
             q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
             group = self.heads // self.kv_heads
-            a = F.scaled_dot_product_attention(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), is_causal=True)
+            a = F.scaled_dot_product_attention(
+                q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), is_causal=True
+            )
         x = x + self.o(a.transpose(1, 2).reshape(b, s, d))
         gate, up = self.gate_up(self.rms_norm(x, self.norm2)).chunk(2, dim=-1)
         mlp = ops.swiglu(gate.contiguous(), up.contiguous()) if self.use_tessera else F.silu(gate) * up

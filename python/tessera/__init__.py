@@ -23,9 +23,20 @@ import torch
 
 from . import _tessera
 
-__all__ = ["backend", "disable_sdpa_override", "enable_sdpa_override", "explain",
-           "explain_graph", "export", "graph_stats", "load_library", "OpTrace", "reset_graph_stats", "thread_pool",
-           "trace_ops"]
+__all__ = [
+    "backend",
+    "disable_sdpa_override",
+    "enable_sdpa_override",
+    "explain",
+    "explain_graph",
+    "export",
+    "graph_stats",
+    "load_library",
+    "OpTrace",
+    "reset_graph_stats",
+    "thread_pool",
+    "trace_ops",
+]
 
 _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 
@@ -33,6 +44,7 @@ _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 # Index tensors the ops take: int32, and int64 (PyTorch's index dtype) converted to int32
 # with a range check by the CPU kernels.
 _INDEX_DTYPES = (torch.int32, torch.int64)
+
 
 def _backend() -> str:
     return _tessera.current_backend()
@@ -77,13 +89,14 @@ if os.environ.get("TESSERA_THREAD_POOL", "openmp") != "tessera":
     try:
         _tessera.use_torch_threads()
     except RuntimeError as _e:  # a PyTorch built without OpenMP: Tessera's own threads
-        warnings.warn(f"tessera: native kernels use their own threads: {_e}")
+        warnings.warn(f"tessera: native kernels use their own threads: {_e}", stacklevel=2)
 
 
 def thread_pool() -> str:
     """What runs native kernels' grids with the calling thread: ``"openmp"``
     (PyTorch's intra-op threads) or ``"tessera"`` (Tessera's own)."""
     return _tessera.thread_pool()
+
 
 _PYTHON_ERRORS = {"ValueError": ValueError, "IndexError": IndexError, "MemoryError": MemoryError}
 
@@ -99,8 +112,9 @@ def _python_error(e: RuntimeError) -> Exception:
 # ---- fake kernels (torch.compile, meta tensors) ------------------------------------
 
 
-def _check(t: torch.Tensor, name: str, rank: Optional[int] = None, dtype: Optional[torch.dtype] = None,
-           min_rank: int = 0) -> None:
+def _check(
+    t: torch.Tensor, name: str, rank: Optional[int] = None, dtype: Optional[torch.dtype] = None, min_rank: int = 0
+) -> None:
     """Checks one tensor argument of a fake kernel (the CPU kernels check the same)."""
     if t.dtype not in _DTYPES:
         raise ValueError(f"{name}: dtype {t.dtype} is not supported (float32, bfloat16, float16)")
@@ -217,13 +231,15 @@ def _attention_mask(q, k, mask):
         raise ValueError(f"mask: expected a boolean or floating mask, got {mask.dtype}")
     full = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
     shape = tuple(mask.shape)
-    aligned = full[4 - len(shape):] if len(shape) <= 4 else ()
+    aligned = full[4 - len(shape) :] if len(shape) <= 4 else ()
     broadcasts = len(shape) <= 4 and all(m in (f, 1) for m, f in zip(shape, aligned))
     if not broadcasts:
         raise ValueError(f"mask: shape {shape} does not broadcast to {full}")
     if len(shape) >= 3 and shape[-3] != 1:
-        raise ValueError(f"mask: shape {shape} has a mask per head; the kernel takes one for every head "
-                         "([batch or 1, 1, q_len, kv_len])")
+        raise ValueError(
+            f"mask: shape {shape} has a mask per head; the kernel takes one for every head "
+            "([batch or 1, 1, q_len, kv_len])"
+        )
     _same_device(query=q, mask=mask)
     return "batch" if len(shape) == 4 and shape[0] == q.shape[0] > 1 else "shared"
 
@@ -240,8 +256,15 @@ def _attention_params(q, k, v, is_causal, scale, window=None, softcap=None, mask
     if not math.isfinite(scale):
         raise ValueError(f"scale: expected a finite number, got {scale}")
     return {
-        "batch": b, "heads": h, "kv_heads": k.shape[1], "q_len": sq, "kv_len": k.shape[2], "head_dim": d,
-        "causal": "true" if is_causal else "false", "scale": repr(scale), "dtype": _DTYPES[q.dtype],
+        "batch": b,
+        "heads": h,
+        "kv_heads": k.shape[1],
+        "q_len": sq,
+        "kv_len": k.shape[2],
+        "head_dim": d,
+        "causal": "true" if is_causal else "false",
+        "scale": repr(scale),
+        "dtype": _DTYPES[q.dtype],
         "window": "none" if window is None else int(window),
         "softcap": "none" if softcap is None else repr(float(softcap)),
         "mask": mask_kind,
@@ -283,12 +306,16 @@ def _(q, k_cache, v_cache, block_table, context_lens, scale=None):
     _check(k_cache, "k_cache", rank=4, dtype=q.dtype)
     _check(v_cache, "v_cache", rank=4, dtype=q.dtype)
     if k_cache.shape != v_cache.shape or k_cache.shape[3] != q.shape[2]:
-        raise ValueError(f"k_cache/v_cache: shapes {tuple(k_cache.shape)}/{tuple(v_cache.shape)} must be equal "
-                         f"[kv_heads, num_pages, page_size, {q.shape[2]}]")
+        raise ValueError(
+            f"k_cache/v_cache: shapes {tuple(k_cache.shape)}/{tuple(v_cache.shape)} must be equal "
+            f"[kv_heads, num_pages, page_size, {q.shape[2]}]"
+        )
     for name, t, rank in (("block_table", block_table, 2), ("context_lens", context_lens, 1)):
         if t.dtype not in _INDEX_DTYPES or t.dim() != rank or t.shape[0] != q.shape[0]:
-            raise ValueError(f"{name}: expected int32 or int64 of rank {rank} over the query's batch of {q.shape[0]}, "
-                             f"got {t.dtype} {tuple(t.shape)}")
+            raise ValueError(
+                f"{name}: expected int32 or int64 of rank {rank} over the query's batch of {q.shape[0]}, "
+                f"got {t.dtype} {tuple(t.shape)}"
+            )
     _same_device(query=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, context_lens=context_lens)
     return _empty(q)
 
@@ -302,17 +329,21 @@ def _varlen_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k):
     if q.dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"query: varlen_attention takes float32 or bfloat16, got {q.dtype}")
     if k.shape != v.shape or k.shape[2] != q.shape[2]:
-        raise ValueError(f"key/value: shapes {tuple(k.shape)}/{tuple(v.shape)} must be equal "
-                         f"[kv_heads, total_k, {q.shape[2]}]")
+        raise ValueError(
+            f"key/value: shapes {tuple(k.shape)}/{tuple(v.shape)} must be equal [kv_heads, total_k, {q.shape[2]}]"
+        )
     if k.shape[0] == 0 or q.shape[0] % k.shape[0]:
         raise ValueError(f"key: {k.shape[0]} heads do not divide the query's {q.shape[0]} heads")
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if t.dtype not in _INDEX_DTYPES or t.dim() != 1 or t.shape[0] == 0:
-            raise ValueError(f"{name}: expected int32 or int64 offsets of shape (batch + 1,), "
-                             f"got {t.dtype} {tuple(t.shape)}")
+            raise ValueError(
+                f"{name}: expected int32 or int64 offsets of shape (batch + 1,), got {t.dtype} {tuple(t.shape)}"
+            )
     if cu_seqlens_q.shape != cu_seqlens_k.shape:
-        raise ValueError(f"cu_seqlens_q/cu_seqlens_k: shapes {tuple(cu_seqlens_q.shape)}/"
-                         f"{tuple(cu_seqlens_k.shape)} must be equal (batch + 1,)")
+        raise ValueError(
+            f"cu_seqlens_q/cu_seqlens_k: shapes {tuple(cu_seqlens_q.shape)}/"
+            f"{tuple(cu_seqlens_k.shape)} must be equal (batch + 1,)"
+        )
     _same_device(query=q, key=k, value=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
 
 
@@ -351,11 +382,15 @@ def _differentiable(name, setup_context, backward):
         with _below_autograd():
             return op(*args)
 
-    function = type(f"{name}_function", (torch.autograd.Function,), {
-        "forward": staticmethod(forward),
-        "setup_context": staticmethod(setup_context),
-        "backward": staticmethod(backward),
-    })
+    function = type(
+        f"{name}_function",
+        (torch.autograd.Function,),
+        {
+            "forward": staticmethod(forward),
+            "setup_context": staticmethod(setup_context),
+            "backward": staticmethod(backward),
+        },
+    )
     _autograd_kernel(name, function)
 
 
@@ -378,7 +413,7 @@ def _autograd_kernel(name, function=None):
             if function is not None and grad_enabled():
                 for a in args:
                     if isinstance(a, torch.Tensor) and a.requires_grad:
-                        return function.apply(*args, *defaults[len(args):])
+                        return function.apply(*args, *defaults[len(args) :])
             return redispatch(keyset & below_autograd, *args)
         except RuntimeError as e:
             raise _python_error(e) from None
@@ -442,15 +477,18 @@ _differentiable("matmul", _save_inputs, _matmul_backward)
 def _attention_backward(ctx, grad_out, *grad_lse):
     q, k, v, out, lse, *mask = ctx.saved_tensors
     dq, dk, dv = torch.ops.tessera.flash_attention_bwd(
-        q, k, v, grad_out, ctx.is_causal, ctx.scale, out, lse, ctx.window, ctx.softcap, *mask)
+        q, k, v, grad_out, ctx.is_causal, ctx.scale, out, lse, ctx.window, ctx.softcap, *mask
+    )
     return dq, dk, dv, None, None, None, None, None
 
 
 def _no_mask_gradient(mask):
     """The kernels give no gradient for a score mask: one that needs it is refused."""
     if mask is not None and mask.requires_grad:
-        raise ValueError("mask: flash_attention gives no gradient for the score mask; "
-                         "detach it (or use scaled_dot_product_attention for a learned bias)")
+        raise ValueError(
+            "mask: flash_attention gives no gradient for the score mask; "
+            "detach it (or use scaled_dot_product_attention for a learned bias)"
+        )
     return () if mask is None else (mask,)
 
 
@@ -474,7 +512,8 @@ class _Attention(torch.autograd.Function):
         ctx.scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
         with _below_autograd():
             out, lse = torch.ops.tessera.flash_attention_fwd.default(
-                q, k, v, is_causal, ctx.scale, window, softcap, mask)
+                q, k, v, is_causal, ctx.scale, window, softcap, mask
+            )
         ctx.save_for_backward(q, k, v, out, lse, *_no_mask_gradient(mask))
         return out
 
@@ -487,7 +526,8 @@ _autograd_kernel("flash_attention", _Attention)
 def _varlen_backward(ctx, grad_out, *grad_lse):
     q, k, v, cu_q, cu_k, out, lse = ctx.saved_tensors
     dq, dk, dv = torch.ops.tessera.varlen_attention_bwd(
-        q, k, v, grad_out, cu_q, cu_k, ctx.is_causal, ctx.scale, out, lse)
+        q, k, v, grad_out, cu_q, cu_k, ctx.is_causal, ctx.scale, out, lse
+    )
     return dq, dk, dv, None, None, None, None
 
 
@@ -543,7 +583,7 @@ if os.environ.get("TESSERA_NATIVE_AUTOGRAD", "1") != "0":
         if _tessera.register_native_autograd(_PYTHON_AUTOGRAD, _TORCH_RELEASE):
             _autograd_kernels = "native"
     except RuntimeError as _e:
-        warnings.warn(f"tessera: the ops' autograd kernels stay in Python: {_e}")
+        warnings.warn(f"tessera: the ops' autograd kernels stay in Python: {_e}", stacklevel=2)
 
 
 # ---- scaled_dot_product_attention override ---------------------------------------
@@ -590,8 +630,16 @@ def enable_sdpa_override():
         if reason is None:
             return torch.ops.tessera.flash_attention(query, key, value, is_causal, scale, mask=attn_mask)
         record_fallback("scaled_dot_product_attention", reason)
-        return _original_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
-                              is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+        return _original_sdpa(
+            query,
+            key,
+            value,
+            attn_mask=attn_mask,
+            dropout_p=dropout_p,
+            is_causal=is_causal,
+            scale=scale,
+            enable_gqa=enable_gqa,
+        )
 
     torch.nn.functional.scaled_dot_product_attention = sdpa
 
@@ -616,15 +664,13 @@ if torch.distributed.is_available():
     except ImportError as e:  # DTensor's experimental API moved: the ops still work
         import warnings
 
-        warnings.warn(f"tessera: no DTensor sharding rules ({e}): DTensor calls of the ops will fail")
+        warnings.warn(f"tessera: no DTensor sharding rules ({e}): DTensor calls of the ops will fail", stacklevel=2)
 
 # ---- user op libraries: tessera.load_library(path) ----------------------------------
 
-from .library import load_library  # noqa: E402
-
 # ---- graph mode: torch.compile(model, backend="tessera") ----------------------------
-
 from .graph import explain_graph, export, graph_stats, reset_graph_stats, tessera_backend  # noqa: E402
+from .library import load_library  # noqa: E402
 
 
 def _register_backend():
@@ -646,4 +692,4 @@ if "transformers" in sys.modules:  # importing it here would cost seconds
     try:
         hf.register()
     except ImportError as _e:  # a Transformers without AttentionInterface
-        warnings.warn(f"tessera: attn_implementation='tessera' is not registered: {_e}")
+        warnings.warn(f"tessera: attn_implementation='tessera' is not registered: {_e}", stacklevel=2)

@@ -9,6 +9,7 @@ import sys
 
 
 def main(argv=None) -> int:
+    """Runs ``python -m tessera`` with ``argv``; returns the exit code."""
     p = argparse.ArgumentParser(prog="python -m tessera", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     e = sub.add_parser("export", help="write a model's StableHLO with Tessera kernels as custom calls")

@@ -12,15 +12,15 @@ inputs replicated (the op then runs whole on every rank).
 | swiglu | any dim, the same on both inputs |
 | rope | batch or heads of ``x`` (tables replicated) |
 | matmul | rows of ``x``; columns of ``y``; the contraction (``x`` columns and ``y`` rows: a partial sum) |
-| flash_attention (fwd, bwd) | batch (a score mask with a batch dim too); heads, q and kv heads together when the kv heads divide over the mesh (each rank keeps whole GQA groups; the mask replicated) |
+| flash_attention (fwd, bwd) | batch (a score mask with a batch dim too); heads: q and kv heads together |
+|   | when the kv heads divide over the mesh (each rank keeps whole GQA groups; the mask replicated) |
 | paged_attention | batch (q, table, lengths; caches replicated); heads (q heads with the caches' kv heads) |
 | varlen_attention (fwd, bwd) | heads, as flash_attention (the offsets replicated) |
 """
 
+import torch
 from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor.experimental import register_sharding
-
-import torch
 
 _ops = torch.ops.tessera
 
@@ -124,8 +124,7 @@ _QKV = ("q", "k", "v", "grad_out", "out", "lse")
 _attention(_ops.flash_attention, _Q, 1, ("k", "v"), 1, [1], batch=_QKV)
 _attention(_ops.flash_attention_fwd, _Q, 1, ("k", "v"), 1, [1, 1], batch=_QKV)
 _attention(_ops.flash_attention_bwd, _Q, 1, ("k", "v"), 1, [1, 1, 1], batch=_QKV)
-_attention(_ops.paged_attention, ("q",), 1, ("k_cache", "v_cache"), 0, [1],
-           batch=("q", "block_table", "context_lens"))
+_attention(_ops.paged_attention, ("q",), 1, ("k_cache", "v_cache"), 0, [1], batch=("q", "block_table", "context_lens"))
 _attention(_ops.varlen_attention, _Q, 0, ("k", "v"), 0, [0])
 _attention(_ops.varlen_attention_fwd, _Q, 0, ("k", "v"), 0, [0, 0])
 _attention(_ops.varlen_attention_bwd, _Q, 0, ("k", "v"), 0, [0, 0, 0])

@@ -24,8 +24,19 @@ from .trace import record_fallback
 NAME = "tessera"
 
 
-def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None,
-              softcap=None, is_causal=None, **kwargs):
+def attention(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    dropout=0.0,
+    scaling=None,
+    sliding_window=None,
+    softcap=None,
+    is_causal=None,
+    **kwargs,
+):
     """A Transformers attention function: q ``[batch, heads, q_len, head_dim]``, k/v
     ``[batch, kv_heads, kv_len, head_dim]``, the 4-D boolean mask of Transformers' SDPA
     implementation (or None); returns ``([batch, q_len, heads, head_dim], None)``. The
@@ -57,12 +68,14 @@ def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=No
     if why is not None:
         record_fallback("transformers attention", why)
         if softcap is not None:  # Transformers' SDPA refuses soft-capping
-            return _capped_math(query, key, value, attention_mask, scaling, softcap,
-                                dropout if module.training else 0.0), None
+            return _capped_math(
+                query, key, value, attention_mask, scaling, softcap, dropout if module.training else 0.0
+            ), None
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
     out = torch.ops.tessera.flash_attention(query, key, value, causal, scaling, window, softcap, mask)
     return out.transpose(1, 2).contiguous(), None
 
@@ -111,18 +124,26 @@ def _padded(mask):
 def _varlen(query, key, value, scaling, q_ranges, k_ranges, causal):
     """Attention of a padded batch as varlen attention over its packed tokens; rows of
     padding queries come out 0 (as PyTorch's SDPA gives rows that see no key)."""
+
     def pack(t, ranges):
         return torch.cat([t[b, :, r0:r1] for b, (r0, r1) in enumerate(ranges)], dim=1)
 
     def offsets(ranges):
         return torch.tensor([0] + [r1 - r0 for r0, r1 in ranges], dtype=torch.int32).cumsum(0, dtype=torch.int32)
 
-    out = torch.ops.tessera.varlen_attention(pack(query, q_ranges), pack(key, k_ranges), pack(value, k_ranges),
-                                             offsets(q_ranges), offsets(k_ranges), causal, scaling)
+    out = torch.ops.tessera.varlen_attention(
+        pack(query, q_ranges),
+        pack(key, k_ranges),
+        pack(value, k_ranges),
+        offsets(q_ranges),
+        offsets(k_ranges),
+        causal,
+        scaling,
+    )
     result = query.new_zeros(query.shape)
     start = 0
     for b, (q0, q1) in enumerate(q_ranges):
-        result[b, :, q0:q1] = out[:, start:start + q1 - q0]
+        result[b, :, q0:q1] = out[:, start : start + q1 - q0]
         start += q1 - q0
     return result.transpose(1, 2).contiguous()
 

@@ -17,8 +17,13 @@ import torch
 
 from . import _TORCH_RELEASE, _backend, _tessera, autograd_kernels
 
-_DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16",
-                torch.int32: "i32", torch.bool: "bool"}
+_DTYPE_NAMES = {
+    torch.float32: "f32",
+    torch.bfloat16: "bf16",
+    torch.float16: "f16",
+    torch.int32: "i32",
+    torch.bool: "bool",
+}
 _TORCH_DTYPES = {name: dtype for dtype, name in _DTYPE_NAMES.items()}
 # PyTorch's index tensors are int64: kernels see them as int32 (range-checked).
 _DTYPE_NAMES[torch.int64] = "i32"
@@ -78,8 +83,10 @@ def _parse(path, namespace, schema):
     name = op.name.split("::", 1)[1]
     for a in op.arguments:
         if str(a.type) != "Tensor" and str(a.type) not in _SCALAR_TYPES:
-            raise ValueError(f"{path}: op `{name}` argument `{a.name}` has type {a.type}; "
-                             "op libraries take Tensor, float, int and bool arguments")
+            raise ValueError(
+                f"{path}: op `{name}` argument `{a.name}` has type {a.type}; "
+                "op libraries take Tensor, float, int and bool arguments"
+            )
     if not op.returns or any(str(r.type) != "Tensor" for r in op.returns):
         raise ValueError(f"{path}: op `{name}` must return one or more Tensors")
     return op
@@ -111,8 +118,10 @@ def _request(op, bound):
             if not isinstance(value, torch.Tensor):
                 raise ValueError(f"{op.name}: {a.name}: expected a tensor, got {type(value).__name__}")
             if value.dtype not in _DTYPE_NAMES:
-                raise ValueError(f"{op.name}: {a.name}: dtype {value.dtype} is not supported "
-                                 f"({', '.join(str(d) for d in _DTYPE_NAMES)})")
+                raise ValueError(
+                    f"{op.name}: {a.name}: dtype {value.dtype} is not supported "
+                    f"({', '.join(str(d) for d in _DTYPE_NAMES)})"
+                )
             shape = ", ".join(str(int(d)) for d in value.shape)
             lines.append(f"{a.name} {_DTYPE_NAMES[value.dtype]}[{shape}]")
             tensors.append((a.name, value))
@@ -129,8 +138,10 @@ def _as_int32(op, arg, t):
     bad = ((t < _INT32.min) | (t > _INT32.max)).flatten().nonzero()
     if len(bad):
         i = int(bad[0])
-        raise IndexError(f"{op.name}: {arg}: int64 value {int(t.flatten()[i])} (element {i}) is out of "
-                         "the int32 range Tessera's kernels index with")
+        raise IndexError(
+            f"{op.name}: {arg}: int64 value {int(t.flatten()[i])} (element {i}) is out of "
+            "the int32 range Tessera's kernels index with"
+        )
     return t.to(torch.int32)
 
 
@@ -143,10 +154,11 @@ def _register_kernels(fragment, lib, namespace, ops, python_kernels):
         try:
             _tessera.register_native_autograd(names, _TORCH_RELEASE, namespace)
             _tessera.register_user_kernels(
-                lib, namespace, [(n, [(a.name, str(a.type)) for a in op.arguments]) for n, op in zip(names, ops)])
+                lib, namespace, [(n, [(a.name, str(a.type)) for a in op.arguments]) for n, op in zip(names, ops)]
+            )
             return
         except (ValueError, RuntimeError) as e:
-            warnings.warn(f"tessera: {namespace}: the ops' CPU kernels stay in Python: {e}")
+            warnings.warn(f"tessera: {namespace}: the ops' CPU kernels stay in Python: {e}", stacklevel=2)
     for name, kernel in zip(names, python_kernels):
         fragment.impl(name, kernel, "CPU")
 
@@ -167,7 +179,9 @@ def _register(fragment, lib, namespace, schema, op):
         inputs = [_as_int32(op, arg, t).contiguous() for arg, t in tensors]
         outputs = [torch.empty(shape, dtype=dtype) for dtype, shape in output_types(request)]
         _tessera.run_user(
-            lib, name, request,
+            lib,
+            name,
+            request,
             [(t.data_ptr(), list(t.shape), _DTYPE_NAMES[t.dtype]) for t in inputs],
             [(t.data_ptr(), list(t.shape), _DTYPE_NAMES[t.dtype]) for t in outputs],
             _backend(),

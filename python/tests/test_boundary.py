@@ -59,62 +59,112 @@ class Op:
 
 
 OPS = [
-    Op("softmax", lambda x: ops.softmax(x), {"x": (5, 13)}, lambda x: torch.softmax(x, -1),
-       bad_shapes=[("x rank 0", {"x": ()})],
-       empty=[{"x": (0, 13)}, {"x": (5, 0)}, {"x": (2, 0, 3)}]),
-    Op("rms_norm", lambda x, weight: ops.rms_norm(x, weight, 1e-5), {"x": (5, 13), "weight": (13,)},
-       lambda x, weight: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * weight,
-       bad_shapes=[("weight rank 2", {"x": (5, 13), "weight": (1, 13)}),
-                   ("weight size", {"x": (5, 13), "weight": (12,)}),
-                   ("x rank 0", {"x": (), "weight": (1,)})],
-       empty=[{"x": (0, 13), "weight": (13,)}, {"x": (5, 0), "weight": (0,)}]),
-    Op("layer_norm", lambda x, weight, bias: ops.layer_norm(x, weight, bias, 1e-5),
-       {"x": (5, 13), "weight": (13,), "bias": (13,)},
-       lambda x, weight, bias: F.layer_norm(x, (x.shape[-1],), weight, bias, 1e-5),
-       bad_shapes=[("bias size", {"x": (5, 13), "weight": (13,), "bias": (14,)}),
-                   ("weight rank 0", {"x": (5, 13), "weight": (), "bias": (13,)})],
-       empty=[{"x": (0, 13), "weight": (13,), "bias": (13,)}]),
-    Op("swiglu", lambda gate, up: ops.swiglu(gate, up), {"gate": (5, 13), "up": (5, 13)},
-       lambda gate, up: F.silu(gate) * up,
-       bad_shapes=[("up shape", {"gate": (5, 13), "up": (5, 12)}),
-                   ("up rank", {"gate": (5, 13), "up": (1, 5, 13)})],
-       empty=[{"gate": (0, 13), "up": (0, 13)}]),
-    Op("matmul", lambda x, y: ops.matmul(x, y), {"x": (7, 13), "y": (13, 5)}, lambda x, y: x @ y,
-       bad_shapes=[("x rank 3", {"x": (1, 7, 13), "y": (13, 5)}),
-                   ("y rank 1", {"x": (7, 13), "y": (13,)}),
-                   ("y rows", {"x": (7, 13), "y": (12, 5)})],
-       empty=[{"x": (0, 13), "y": (13, 5)}, {"x": (7, 0), "y": (0, 5)}, {"x": (7, 13), "y": (13, 0)}]),
-    Op("rope", lambda x, cos, sin: ops.rope(x, cos, sin), {"x": (1, 2, 9, 8), "cos": (9, 8), "sin": (9, 8)},
-       lambda x, cos, sin: x * cos + _rotate_half(x) * sin,
-       bad_shapes=[("x rank 3", {"x": (2, 9, 8), "cos": (9, 8), "sin": (9, 8)}),
-                   ("cos shape", {"x": (1, 2, 9, 8), "cos": (8, 8), "sin": (9, 8)}),
-                   ("sin rank", {"x": (1, 2, 9, 8), "cos": (9, 8), "sin": (1, 9, 8)})],
-       empty=[{"x": (1, 2, 0, 8), "cos": (0, 8), "sin": (0, 8)}, {"x": (0, 2, 9, 8), "cos": (9, 8), "sin": (9, 8)}]),
-    Op("flash_attention", lambda query, key, value: ops.flash_attention(query, key, value, True),
-       {"query": (1, 4, 9, 8), "key": (1, 2, 11, 8), "value": (1, 2, 11, 8)},
-       lambda query, key, value: _sdpa(query, key, value, True),
-       bad_shapes=[("query rank 3", {"query": (4, 9, 8), "key": (1, 2, 11, 8), "value": (1, 2, 11, 8)}),
-                   ("key heads", {"query": (1, 4, 9, 8), "key": (1, 3, 11, 8), "value": (1, 3, 11, 8)}),
-                   ("value length", {"query": (1, 4, 9, 8), "key": (1, 2, 11, 8), "value": (1, 2, 10, 8)}),
-                   ("key head_dim", {"query": (1, 4, 9, 8), "key": (1, 2, 11, 4), "value": (1, 2, 11, 4)}),
-                   ("key no heads", {"query": (1, 4, 9, 8), "key": (1, 0, 11, 8), "value": (1, 0, 11, 8)}),
-                   ("query head_dim 0", {"query": (1, 4, 9, 0), "key": (1, 2, 11, 0), "value": (1, 2, 11, 0)})],
-       empty=[{"query": (1, 4, 0, 8), "key": (1, 2, 11, 8), "value": (1, 2, 11, 8)},
-              {"query": (1, 4, 9, 8), "key": (1, 2, 0, 8), "value": (1, 2, 0, 8)},
-              {"query": (0, 4, 9, 8), "key": (0, 2, 11, 8), "value": (0, 2, 11, 8)}]),
-    Op("flash_attention_bwd",
-       lambda query, key, value, grad_out: ops.flash_attention_bwd(query, key, value, grad_out, False, 0.5),
-       {"query": (1, 2, 9, 8), "key": (1, 1, 11, 8), "value": (1, 1, 11, 8), "grad_out": (1, 2, 9, 8)},
-       lambda query, key, value, grad_out: torch.autograd.grad(
-           _sdpa(query, key, value, False, 0.5, SDPBackend.MATH), (query, key, value), grad_out,
-           materialize_grads=True),
-       bad_shapes=[("grad_out shape", {"query": (1, 2, 9, 8), "key": (1, 1, 11, 8), "value": (1, 1, 11, 8),
-                                       "grad_out": (1, 2, 8, 8)}),
-                   ("grad_out rank", {"query": (1, 2, 9, 8), "key": (1, 1, 11, 8), "value": (1, 1, 11, 8),
-                                      "grad_out": (2, 9, 8)})],
-       empty=[{"query": (1, 2, 0, 8), "key": (1, 1, 11, 8), "value": (1, 1, 11, 8), "grad_out": (1, 2, 0, 8)},
-              {"query": (1, 2, 9, 8), "key": (1, 1, 0, 8), "value": (1, 1, 0, 8), "grad_out": (1, 2, 9, 8)}],
-       differentiable=False, converted=("grad_out",)),
+    Op(
+        "softmax",
+        lambda x: ops.softmax(x),
+        {"x": (5, 13)},
+        lambda x: torch.softmax(x, -1),
+        bad_shapes=[("x rank 0", {"x": ()})],
+        empty=[{"x": (0, 13)}, {"x": (5, 0)}, {"x": (2, 0, 3)}],
+    ),
+    Op(
+        "rms_norm",
+        lambda x, weight: ops.rms_norm(x, weight, 1e-5),
+        {"x": (5, 13), "weight": (13,)},
+        lambda x, weight: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * weight,
+        bad_shapes=[
+            ("weight rank 2", {"x": (5, 13), "weight": (1, 13)}),
+            ("weight size", {"x": (5, 13), "weight": (12,)}),
+            ("x rank 0", {"x": (), "weight": (1,)}),
+        ],
+        empty=[{"x": (0, 13), "weight": (13,)}, {"x": (5, 0), "weight": (0,)}],
+    ),
+    Op(
+        "layer_norm",
+        lambda x, weight, bias: ops.layer_norm(x, weight, bias, 1e-5),
+        {"x": (5, 13), "weight": (13,), "bias": (13,)},
+        lambda x, weight, bias: F.layer_norm(x, (x.shape[-1],), weight, bias, 1e-5),
+        bad_shapes=[
+            ("bias size", {"x": (5, 13), "weight": (13,), "bias": (14,)}),
+            ("weight rank 0", {"x": (5, 13), "weight": (), "bias": (13,)}),
+        ],
+        empty=[{"x": (0, 13), "weight": (13,), "bias": (13,)}],
+    ),
+    Op(
+        "swiglu",
+        lambda gate, up: ops.swiglu(gate, up),
+        {"gate": (5, 13), "up": (5, 13)},
+        lambda gate, up: F.silu(gate) * up,
+        bad_shapes=[("up shape", {"gate": (5, 13), "up": (5, 12)}), ("up rank", {"gate": (5, 13), "up": (1, 5, 13)})],
+        empty=[{"gate": (0, 13), "up": (0, 13)}],
+    ),
+    Op(
+        "matmul",
+        lambda x, y: ops.matmul(x, y),
+        {"x": (7, 13), "y": (13, 5)},
+        lambda x, y: x @ y,
+        bad_shapes=[
+            ("x rank 3", {"x": (1, 7, 13), "y": (13, 5)}),
+            ("y rank 1", {"x": (7, 13), "y": (13,)}),
+            ("y rows", {"x": (7, 13), "y": (12, 5)}),
+        ],
+        empty=[{"x": (0, 13), "y": (13, 5)}, {"x": (7, 0), "y": (0, 5)}, {"x": (7, 13), "y": (13, 0)}],
+    ),
+    Op(
+        "rope",
+        lambda x, cos, sin: ops.rope(x, cos, sin),
+        {"x": (1, 2, 9, 8), "cos": (9, 8), "sin": (9, 8)},
+        lambda x, cos, sin: x * cos + _rotate_half(x) * sin,
+        bad_shapes=[
+            ("x rank 3", {"x": (2, 9, 8), "cos": (9, 8), "sin": (9, 8)}),
+            ("cos shape", {"x": (1, 2, 9, 8), "cos": (8, 8), "sin": (9, 8)}),
+            ("sin rank", {"x": (1, 2, 9, 8), "cos": (9, 8), "sin": (1, 9, 8)}),
+        ],
+        empty=[{"x": (1, 2, 0, 8), "cos": (0, 8), "sin": (0, 8)}, {"x": (0, 2, 9, 8), "cos": (9, 8), "sin": (9, 8)}],
+    ),
+    Op(
+        "flash_attention",
+        lambda query, key, value: ops.flash_attention(query, key, value, True),
+        {"query": (1, 4, 9, 8), "key": (1, 2, 11, 8), "value": (1, 2, 11, 8)},
+        lambda query, key, value: _sdpa(query, key, value, True),
+        bad_shapes=[
+            ("query rank 3", {"query": (4, 9, 8), "key": (1, 2, 11, 8), "value": (1, 2, 11, 8)}),
+            ("key heads", {"query": (1, 4, 9, 8), "key": (1, 3, 11, 8), "value": (1, 3, 11, 8)}),
+            ("value length", {"query": (1, 4, 9, 8), "key": (1, 2, 11, 8), "value": (1, 2, 10, 8)}),
+            ("key head_dim", {"query": (1, 4, 9, 8), "key": (1, 2, 11, 4), "value": (1, 2, 11, 4)}),
+            ("key no heads", {"query": (1, 4, 9, 8), "key": (1, 0, 11, 8), "value": (1, 0, 11, 8)}),
+            ("query head_dim 0", {"query": (1, 4, 9, 0), "key": (1, 2, 11, 0), "value": (1, 2, 11, 0)}),
+        ],
+        empty=[
+            {"query": (1, 4, 0, 8), "key": (1, 2, 11, 8), "value": (1, 2, 11, 8)},
+            {"query": (1, 4, 9, 8), "key": (1, 2, 0, 8), "value": (1, 2, 0, 8)},
+            {"query": (0, 4, 9, 8), "key": (0, 2, 11, 8), "value": (0, 2, 11, 8)},
+        ],
+    ),
+    Op(
+        "flash_attention_bwd",
+        lambda query, key, value, grad_out: ops.flash_attention_bwd(query, key, value, grad_out, False, 0.5),
+        {"query": (1, 2, 9, 8), "key": (1, 1, 11, 8), "value": (1, 1, 11, 8), "grad_out": (1, 2, 9, 8)},
+        lambda query, key, value, grad_out: torch.autograd.grad(
+            _sdpa(query, key, value, False, 0.5, SDPBackend.MATH), (query, key, value), grad_out, materialize_grads=True
+        ),
+        bad_shapes=[
+            (
+                "grad_out shape",
+                {"query": (1, 2, 9, 8), "key": (1, 1, 11, 8), "value": (1, 1, 11, 8), "grad_out": (1, 2, 8, 8)},
+            ),
+            (
+                "grad_out rank",
+                {"query": (1, 2, 9, 8), "key": (1, 1, 11, 8), "value": (1, 1, 11, 8), "grad_out": (2, 9, 8)},
+            ),
+        ],
+        empty=[
+            {"query": (1, 2, 0, 8), "key": (1, 1, 11, 8), "value": (1, 1, 11, 8), "grad_out": (1, 2, 0, 8)},
+            {"query": (1, 2, 9, 8), "key": (1, 1, 0, 8), "value": (1, 1, 0, 8), "grad_out": (1, 2, 9, 8)},
+        ],
+        differentiable=False,
+        converted=("grad_out",),
+    ),
 ]
 IDS = [op.name for op in OPS]
 
@@ -268,7 +318,9 @@ def test_every_requires_grad_combination(op):
                 leaves = {n: t.detach().double().requires_grad_(n in subset) for n, t in tensors.items()}
                 want = torch.autograd.grad(op.reference(**leaves), [leaves[n] for n in subset], g.double())
             for n, a, b in zip(subset, got, want):
-                torch.testing.assert_close(a, b.float(), rtol=1e-4, atol=1e-4, msg=lambda m: f"{subset} d{n}: {m}")
+                torch.testing.assert_close(
+                    a, b.float(), rtol=1e-4, atol=1e-4, msg=lambda m, n=n, subset=subset: f"{subset} d{n}: {m}"
+                )
 
 
 # ---- threads -------------------------------------------------------------------------
@@ -297,4 +349,6 @@ def test_an_array_that_cannot_be_allocated_is_a_memory_error():
     # before the (never dereferenced) buffer address is read.
     n = 1 << 24
     with pytest.raises(MemoryError, match=r"cannot allocate a copy of input 0 \(f32\[16777216, 16777216\]\)"):
-        tessera._tessera.run("softmax", [f"rows={n}", f"cols={n}"], [(8, [n, n], "f32")], [(8, [n, n], "f32")], "interp")
+        tessera._tessera.run(
+            "softmax", [f"rows={n}", f"cols={n}"], [(8, [n, n], "f32")], [(8, [n, n], "f32")], "interp"
+        )

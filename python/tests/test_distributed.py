@@ -41,9 +41,17 @@ def _block_worker(rank, world, port, result_dir):
     _init(rank, world, port)
     out_diff, grad_diff, trace = tensor_parallel.check()
     split, whole = tensor_parallel.check_training()
-    torch.save({"out": out_diff, "grad": grad_diff, "launches": trace.launches,
-                "tessera": dict(trace.tessera), "split": split, "whole": whole},
-               pathlib.Path(result_dir) / f"rank{rank}.pt")
+    torch.save(
+        {
+            "out": out_diff,
+            "grad": grad_diff,
+            "launches": trace.launches,
+            "tessera": dict(trace.tessera),
+            "split": split,
+            "whole": whole,
+        },
+        pathlib.Path(result_dir) / f"rank{rank}.pt",
+    )
     _finish()
 
 
@@ -85,28 +93,45 @@ def _rules_worker(rank, world, port, result_dir):
     cases = {
         "softmax rows": (lambda a: ops.softmax(a), [dt(x, Shard(0))], [x]),
         "rms_norm rows": (lambda a, c: ops.rms_norm(a, c, 1e-5), [dt(x, Shard(0)), dt(w, R)], [x, w]),
-        "layer_norm rows": (lambda a, c, d: ops.layer_norm(a, c, d, 1e-5),
-                            [dt(x, Shard(0)), dt(w, R), dt(b, R)], [x, w, b]),
+        "layer_norm rows": (
+            lambda a, c, d: ops.layer_norm(a, c, d, 1e-5),
+            [dt(x, Shard(0)), dt(w, R), dt(b, R)],
+            [x, w, b],
+        ),
         "swiglu cols": (lambda a, c: ops.swiglu(a, c), [dt(x, Shard(1)), dt(x * 2, Shard(1))], [x, x * 2]),
         "matmul rows": (lambda a, c: ops.matmul(a, c), [dt(x, Shard(0)), dt(y, R)], [x, y]),
         "matmul cols": (lambda a, c: ops.matmul(a, c), [dt(x, R), dt(y, Shard(1))], [x, y]),
         "matmul contraction": (lambda a, c: ops.matmul(a, c), [dt(x, Shard(1)), dt(y, Shard(0))], [x, y]),
-        "flash_attention heads": (lambda a, c, d: ops.flash_attention(a, c, d, True),
-                                  [dt(q, Shard(1)), dt(k, Shard(1)), dt(v, Shard(1))], [q, k, v]),
-        "flash_attention batch": (lambda a, c, d: ops.flash_attention(a, c, d, True),
-                                  [dt(q, Shard(0)), dt(k, Shard(0)), dt(v, Shard(0))], [q, k, v]),
-        "flash_attention masked heads": (lambda a, c, d, m: ops.flash_attention(a, c, d, mask=m),
-                                         [dt(q, Shard(1)), dt(k, Shard(1)), dt(v, Shard(1)), dt(pad, R)],
-                                         [q, k, v, pad]),
-        "flash_attention masked batch": (lambda a, c, d, m: ops.flash_attention(a, c, d, mask=m),
-                                         [dt(q, Shard(0)), dt(k, Shard(0)), dt(v, Shard(0)), dt(pad, Shard(0))],
-                                         [q, k, v, pad]),
-        "varlen_attention heads": (lambda a, c, d, e: ops.varlen_attention(a, c, d, e, e, True),
-                                   [dt(qv, Shard(0)), dt(kv, Shard(0)), dt(vv, Shard(0)), dt(cu, R)],
-                                   [qv, kv, vv, cu]),
-        "paged_attention heads": (lambda a, c, d, e, f: ops.paged_attention(a, c, d, e, f),
-                                  [dt(pq, Shard(1)), dt(pk, Shard(0)), dt(pv, Shard(0)), dt(table, R), dt(lens, R)],
-                                  [pq, pk, pv, table, lens]),
+        "flash_attention heads": (
+            lambda a, c, d: ops.flash_attention(a, c, d, True),
+            [dt(q, Shard(1)), dt(k, Shard(1)), dt(v, Shard(1))],
+            [q, k, v],
+        ),
+        "flash_attention batch": (
+            lambda a, c, d: ops.flash_attention(a, c, d, True),
+            [dt(q, Shard(0)), dt(k, Shard(0)), dt(v, Shard(0))],
+            [q, k, v],
+        ),
+        "flash_attention masked heads": (
+            lambda a, c, d, m: ops.flash_attention(a, c, d, mask=m),
+            [dt(q, Shard(1)), dt(k, Shard(1)), dt(v, Shard(1)), dt(pad, R)],
+            [q, k, v, pad],
+        ),
+        "flash_attention masked batch": (
+            lambda a, c, d, m: ops.flash_attention(a, c, d, mask=m),
+            [dt(q, Shard(0)), dt(k, Shard(0)), dt(v, Shard(0)), dt(pad, Shard(0))],
+            [q, k, v, pad],
+        ),
+        "varlen_attention heads": (
+            lambda a, c, d, e: ops.varlen_attention(a, c, d, e, e, True),
+            [dt(qv, Shard(0)), dt(kv, Shard(0)), dt(vv, Shard(0)), dt(cu, R)],
+            [qv, kv, vv, cu],
+        ),
+        "paged_attention heads": (
+            lambda a, c, d, e, f: ops.paged_attention(a, c, d, e, f),
+            [dt(pq, Shard(1)), dt(pk, Shard(0)), dt(pv, Shard(0)), dt(table, R), dt(lens, R)],
+            [pq, pk, pv, table, lens],
+        ),
     }
     results = {}
     for name, (fn, sharded, plain) in cases.items():
@@ -124,11 +149,19 @@ def _rules_worker(rank, world, port, result_dir):
 def test_sharding_rules_run_each_op_on_local_shards(tmp_path):
     results = _spawn(_rules_worker, tmp_path)
     placements = {
-        "softmax rows": "S(0)", "rms_norm rows": "S(0)", "layer_norm rows": "S(0)", "swiglu cols": "S(1)",
-        "matmul rows": "S(0)", "matmul cols": "S(1)", "matmul contraction": "P(sum)",
-        "flash_attention heads": "S(1)", "flash_attention batch": "S(0)",
-        "flash_attention masked heads": "S(1)", "flash_attention masked batch": "S(0)",
-        "varlen_attention heads": "S(0)", "paged_attention heads": "S(1)",
+        "softmax rows": "S(0)",
+        "rms_norm rows": "S(0)",
+        "layer_norm rows": "S(0)",
+        "swiglu cols": "S(1)",
+        "matmul rows": "S(0)",
+        "matmul cols": "S(1)",
+        "matmul contraction": "P(sum)",
+        "flash_attention heads": "S(1)",
+        "flash_attention batch": "S(0)",
+        "flash_attention masked heads": "S(1)",
+        "flash_attention masked batch": "S(0)",
+        "varlen_attention heads": "S(0)",
+        "paged_attention heads": "S(1)",
     }
     for name, want in placements.items():
         for r in results:
@@ -185,8 +218,10 @@ def test_fsdp2_and_graph_mode_under_ddp_train_like_one_process(tmp_path):
     ranks = _spawn(_data_parallel_worker, tmp_path)
     # FSDP2 of the Tessera-op GPT against the same model in one process on whole batches;
     # graph mode under DDP against plain PyTorch in one process.
-    want = {"fsdp": data_parallel.train(data_parallel.model(use_tessera=True)),
-            "ddp-graph": data_parallel.train(data_parallel.model(use_tessera=False))}
+    want = {
+        "fsdp": data_parallel.train(data_parallel.model(use_tessera=True)),
+        "ddp-graph": data_parallel.train(data_parallel.model(use_tessera=False)),
+    }
     for r in ranks:
         for mode, losses in want.items():
             assert len(r[mode]) == len(losses)

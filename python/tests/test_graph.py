@@ -21,10 +21,13 @@ from tessera.graph import GraphModeError
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 sys.path.insert(0, str(EXAMPLES))
-from models import ZOO, build  # noqa: E402
-from models import llama as llama_mod  # noqa: E402
-from models import mingpt  # noqa: E402
 from helpers import fresh_graph_mode  # noqa: E402, F401 - autouse: Dynamo reset around each test
+from models import (  # noqa: E402
+    ZOO,
+    build,
+    mingpt,  # noqa: E402
+)
+from models import llama as llama_mod  # noqa: E402
 
 
 def compiled(model):
@@ -204,8 +207,9 @@ class Attention(nn.Module):
         if f == "scale":
             return F.scaled_dot_product_attention(q, k, v, scale=0.3, enable_gqa=True)
         if f == "repeat_interleave":
-            return F.scaled_dot_product_attention(q, k.repeat_interleave(self.n, dim=1),
-                                                  v.repeat_interleave(self.n, dim=1), is_causal=True)
+            return F.scaled_dot_product_attention(
+                q, k.repeat_interleave(self.n, dim=1), v.repeat_interleave(self.n, dim=1), is_causal=True
+            )
         if f == "expand_reshape":
             b, h, s, d = k.shape
             k = k[:, :, None].expand(b, h, self.n, s, d).reshape(b, h * self.n, s, d)
@@ -235,15 +239,29 @@ class Attention(nn.Module):
         if f == "input_mask":  # depends on an input: the kernel's score mask
             return F.scaled_dot_product_attention(q, k, v, attn_mask=q[0, 0] @ k[0, 0].T > 0, enable_gqa=True)
         if f == "per_head_mask":  # one mask per head: must stay plain StableHLO
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=q[:1] @ q[:1].transpose(2, 3) > 0,
-                                                  enable_gqa=True)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=q[:1] @ q[:1].transpose(2, 3) > 0, enable_gqa=True)
         raise ValueError(f)
 
 
-@pytest.mark.parametrize("form", ["is_causal", "scale", "repeat_interleave", "expand_reshape",
-                                  "bool_mask_buffer", "additive_mask", "band_mask", "batch_band_mask",
-                                  "checker_mask", "input_mask", "per_head_mask", "written_unscaled",
-                                  "written_scaled_div", "written_softcap_causal"])
+@pytest.mark.parametrize(
+    "form",
+    [
+        "is_causal",
+        "scale",
+        "repeat_interleave",
+        "expand_reshape",
+        "bool_mask_buffer",
+        "additive_mask",
+        "band_mask",
+        "batch_band_mask",
+        "checker_mask",
+        "input_mask",
+        "per_head_mask",
+        "written_unscaled",
+        "written_scaled_div",
+        "written_softcap_causal",
+    ],
+)
 def test_attention_forms(form):
     torch.manual_seed(0)
     q, k, v = torch.randn(2, 4, 16, 8), torch.randn(2, 2, 16, 8), torch.randn(2, 2, 16, 8)
@@ -326,15 +344,17 @@ def test_recompiling_the_same_graph_hits_the_memory_cache(xla_path):
 
 def test_a_new_process_loads_the_executable_from_disk(tmp_path, xla_path):
     script = (
-        "import sys, torch, tessera; sys.path.insert(0, %r)\n"
+        f"import sys, torch, tessera; sys.path.insert(0, {str(EXAMPLES)!r})\n"
         "from models import build\n"
         "m, x = build('mingpt')\n"
         "with torch.no_grad(): torch.compile(m, backend='tessera')(*x)\n"
-        "print(tessera.graph_stats()['cache_hits'])\n" % str(EXAMPLES)
+        "print(tessera.graph_stats()['cache_hits'])\n"
     )
     env = {**os.environ, "TESSERA_CACHE_DIR": str(tmp_path)}
-    runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-            for _ in range(2)]
+    runs = [
+        subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+        for _ in range(2)
+    ]
     for r in runs:
         assert r.returncode == 0, r.stderr[-2000:]
     assert runs[0].stdout.strip().endswith("{'memory': 0, 'disk': 0}"), runs[0].stdout
@@ -534,16 +554,66 @@ def test_cpu_export_is_the_module_graph_mode_runs():
 
 def test_export_command_line(tmp_path):
     out = tmp_path / "llama.mlir"
-    r = subprocess.run([sys.executable, "-m", "tessera", "export", "models:llama_for_export", "--path", str(EXAMPLES),
-                        "--out", str(out)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tessera",
+            "export",
+            "models:llama_for_export",
+            "--path",
+            str(EXAMPLES),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "wrote" in r.stderr and out.read_text().count("@tpu_custom_call") == 9
-    r = subprocess.run([sys.executable, "-m", "tessera", "export", "models:llama_for_export", "--path", str(EXAMPLES),
-                        "--out", str(out), "--mesh", "2"], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tessera",
+            "export",
+            "models:llama_for_export",
+            "--path",
+            str(EXAMPLES),
+            "--out",
+            str(out),
+            "--mesh",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0 and out.read_text().count("sdy.manual_computation") == 9, r.stderr[-2000:]
-    r = subprocess.run([sys.executable, "-m", "tessera", "export", "models:llama_for_export", "--path", str(EXAMPLES),
-                        "--target", "cpu", "--mesh", "2"], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tessera",
+            "export",
+            "models:llama_for_export",
+            "--path",
+            str(EXAMPLES),
+            "--target",
+            "cpu",
+            "--mesh",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 1 and "mesh must be a device count" in r.stderr, r.stderr[-2000:]
-    r = subprocess.run([sys.executable, "-m", "tessera", "export", "models:nope", "--path", str(EXAMPLES)],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "tessera", "export", "models:nope", "--path", str(EXAMPLES)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 2 and "cannot load models:nope" in r.stderr

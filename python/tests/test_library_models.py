@@ -17,9 +17,9 @@ import tessera
 from tessera.graph import lower, patterns
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples"))
+from helpers import fresh_graph_mode  # noqa: E402, F401 - autouse: Dynamo reset around each test
 from models import library  # noqa: E402
 from models.library import causal_lm  # noqa: E402
-from helpers import fresh_graph_mode  # noqa: E402, F401 - autouse: Dynamo reset around each test
 
 LAYERS = library.SIZES["test"][1]
 
@@ -256,11 +256,13 @@ def _runners():
 
 
 def test_torch_mlir_resource_constants_are_inlined():
-    text = ('%0 = stablehlo.constant dense_resource<blob_a> : tensor<2xi64>\n'
-            '%1 = stablehlo.constant dense_resource<flags> : tensor<2xi1>\n'
-            '{-#\n  dialect_resources: {\n    builtin: {\n'
-            '      blob_a: "0x0800000001000000000000000200000000000000",\n'
-            '      flags: "0x010000000101"\n    }\n  }\n#-}\n')
+    text = (
+        "%0 = stablehlo.constant dense_resource<blob_a> : tensor<2xi64>\n"
+        "%1 = stablehlo.constant dense_resource<flags> : tensor<2xi1>\n"
+        "{-#\n  dialect_resources: {\n    builtin: {\n"
+        '      blob_a: "0x0800000001000000000000000200000000000000",\n'
+        '      flags: "0x010000000101"\n    }\n  }\n#-}\n'
+    )
     out = lower._inline_resources(text)
     assert out == text  # a boolean blob stays: the caller refuses the module
     out = lower._inline_resources(text.replace("tensor<2xi1>", "tensor<2xi8>"))

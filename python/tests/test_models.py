@@ -39,8 +39,10 @@ def _ddp_worker(rank, world, port, result_dir):
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(TinyGPT(use_tessera=True))
     losses = train(model, steps=10, seed=rank)
-    torch.save({"losses": losses, "params": [p.detach() for p in model.parameters()]},
-               pathlib.Path(result_dir) / f"rank{rank}.pt")
+    torch.save(
+        {"losses": losses, "params": [p.detach() for p in model.parameters()]},
+        pathlib.Path(result_dir) / f"rank{rank}.pt",
+    )
     # Tearing down DDP's reducer and gloo's threads at exit can deadlock on the GIL in
     # PyTorch (about 1 run in 8 here): both ranks are done, so leave without destructors.
     dist.barrier()

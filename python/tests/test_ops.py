@@ -9,10 +9,10 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import python_frames_of, run_without_native_autograd
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import tessera  # noqa: F401  (registers the ops)
-from helpers import python_frames_of, run_without_native_autograd
 
 ops = torch.ops.tessera
 torch.manual_seed(0)
@@ -97,7 +97,11 @@ def test_flash_attention_forward_and_grads(heads, kv_heads, sq, sk, is_causal):
 
 def test_flash_attention_scale_and_bf16():
     q, k, v = (torch.randn(1, 2, 40, 64, dtype=torch.bfloat16) for _ in range(3))
-    close(ops.flash_attention(q, k, v, False, 0.3), sdpa(q.float(), k.float(), v.float(), False, 0.3).bfloat16(), torch.bfloat16)
+    close(
+        ops.flash_attention(q, k, v, False, 0.3),
+        sdpa(q.float(), k.float(), v.float(), False, 0.3).bfloat16(),
+        torch.bfloat16,
+    )
 
 
 def windowed_softcapped(q, k, v, is_causal, window, softcap):
@@ -119,15 +123,25 @@ def windowed_softcapped(q, k, v, is_causal, window, softcap):
     return p @ v
 
 
-@pytest.mark.parametrize("is_causal,window,softcap", [
-    (True, 16, None), (False, 5, None), (True, 0, 2.0), (False, None, 1.5), (True, 40, 30.0),
-])
+@pytest.mark.parametrize(
+    "is_causal,window,softcap",
+    [
+        (True, 16, None),
+        (False, 5, None),
+        (True, 0, 2.0),
+        (False, None, 1.5),
+        (True, 40, 30.0),
+    ],
+)
 def test_flash_attention_window_and_softcap(is_causal, window, softcap):
     q = torch.randn(1, 4, 70, 32, requires_grad=True)
     k = torch.randn(1, 2, 45, 32, requires_grad=True)
     v = torch.randn(1, 2, 45, 32, requires_grad=True)
-    same_outputs_and_grads(ops.flash_attention(q, k, v, is_causal, None, window, softcap),
-                           windowed_softcapped(q, k, v, is_causal, window, softcap), (q, k, v))
+    same_outputs_and_grads(
+        ops.flash_attention(q, k, v, is_causal, None, window, softcap),
+        windowed_softcapped(q, k, v, is_causal, window, softcap),
+        (q, k, v),
+    )
 
 
 def test_flash_attention_window_and_softcap_errors():
@@ -161,20 +175,24 @@ def padding_mask(lengths, sq, sk):
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
-@pytest.mark.parametrize("mask_of", [
-    lambda b, sq, sk: padding_mask([sk, 3, 1][:b], sq, sk),           # per entry, boolean
-    lambda b, sq, sk: torch.rand(sq, sk) > 0.3,                        # shared, rank 2
-    lambda b, sq, sk: torch.randn(b, 1, sq, sk),                       # additive, per entry
-    lambda b, sq, sk: torch.randn(1, 1, 1, sk).masked_fill(torch.rand(sk) < 0.3, -math.inf),  # broadcast rows
-])
+@pytest.mark.parametrize(
+    "mask_of",
+    [
+        lambda b, sq, sk: padding_mask([sk, 3, 1][:b], sq, sk),  # per entry, boolean
+        lambda b, sq, sk: torch.rand(sq, sk) > 0.3,  # shared, rank 2
+        lambda b, sq, sk: torch.randn(b, 1, sq, sk),  # additive, per entry
+        lambda b, sq, sk: torch.randn(1, 1, 1, sk).masked_fill(torch.rand(sk) < 0.3, -math.inf),  # broadcast rows
+    ],
+)
 def test_flash_attention_score_mask(is_causal, mask_of):
     b, sq, sk = 3, 37, 45
     q = torch.randn(b, 4, sq, 32, requires_grad=True)
     k = torch.randn(b, 2, sk, 32, requires_grad=True)
     v = torch.randn(b, 2, sk, 32, requires_grad=True)
     mask = mask_of(b, sq, sk)
-    same_outputs_and_grads(ops.flash_attention(q, k, v, is_causal, mask=mask),
-                           masked_reference(q, k, v, is_causal, mask), (q, k, v))
+    same_outputs_and_grads(
+        ops.flash_attention(q, k, v, is_causal, mask=mask), masked_reference(q, k, v, is_causal, mask), (q, k, v)
+    )
 
 
 def test_flash_attention_score_mask_errors():
@@ -205,7 +223,7 @@ def paged_reference(q, k_cache, v_cache, table, lens):
     outs = []
     for b in range(q.shape[0]):
         n = int(lens[b])
-        used = table[b, :(n + k_cache.shape[2] - 1) // k_cache.shape[2]].long()
+        used = table[b, : (n + k_cache.shape[2] - 1) // k_cache.shape[2]].long()
         k = k_cache[:, used].flatten(1, 2)[:, :n]
         v = v_cache[:, used].flatten(1, 2)[:, :n]
         outs.append(F.scaled_dot_product_attention(q[b, :, None].float(), k.float(), v.float(), enable_gqa=True)[:, 0])
@@ -233,8 +251,11 @@ def test_paged_attention_refuses_bad_tables_before_running():
 
 def test_paged_attention_takes_int64_tables_as_pytorch_holds_them():
     q, k, v, table, lens = paged_inputs()
-    close(ops.paged_attention(q, k, v, table.long(), lens.long()), ops.paged_attention(q, k, v, table, lens),
-          torch.float32)
+    close(
+        ops.paged_attention(q, k, v, table.long(), lens.long()),
+        ops.paged_attention(q, k, v, table, lens),
+        torch.float32,
+    )
     torch.library.opcheck(ops.paged_attention, (q, k, v, table.long(), lens.long()))
     with pytest.raises(IndexError, match=r"block_table: int64 value 4294967296 \(element 1\) is out of the int32"):
         ops.paged_attention(q, k, v, table.long().index_fill(1, torch.tensor([1]), 2**32), lens)
@@ -256,26 +277,39 @@ def varlen_reference(q, k, v, cu_q, cu_k, is_causal=False, scale=None):
     """The PyTorch way: SDPA (GQA) on each sequence's slice; no keys gives 0."""
     outs = []
     for b in range(len(cu_q) - 1):
-        qs = q[:, cu_q[b]:cu_q[b + 1]]
-        ks, vs = k[:, cu_k[b]:cu_k[b + 1]], v[:, cu_k[b]:cu_k[b + 1]]
+        qs = q[:, cu_q[b] : cu_q[b + 1]]
+        ks, vs = k[:, cu_k[b] : cu_k[b + 1]], v[:, cu_k[b] : cu_k[b + 1]]
         if ks.shape[1] == 0:
             outs.append(qs * 0.0)
             continue
-        outs.append(F.scaled_dot_product_attention(qs[None], ks[None], vs[None], is_causal=is_causal,
-                                                   scale=scale, enable_gqa=True)[0])
+        outs.append(
+            F.scaled_dot_product_attention(
+                qs[None], ks[None], vs[None], is_causal=is_causal, scale=scale, enable_gqa=True
+            )[0]
+        )
     return torch.cat(outs, 1)
 
 
-@pytest.mark.parametrize("lens_q,lens_k", [
-    ([5, 1, 37, 12], None), ([1], None), ([130], None), ([3, 0, 20], None),
-    ([9, 17, 4], [30, 2, 11]), ([40, 6], [0, 50]),
-])
+@pytest.mark.parametrize(
+    "lens_q,lens_k",
+    [
+        ([5, 1, 37, 12], None),
+        ([1], None),
+        ([130], None),
+        ([3, 0, 20], None),
+        ([9, 17, 4], [30, 2, 11]),
+        ([40, 6], [0, 50]),
+    ],
+)
 @pytest.mark.parametrize("heads,kv_heads", [(4, 2), (3, 1), (2, 2)])
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_varlen_attention_matches_sdpa_per_sequence_with_grads(lens_q, lens_k, heads, kv_heads, is_causal):
     q, k, v, cu_q, cu_k = varlen_inputs(lens_q, lens_k, heads, kv_heads, grad=True)
-    same_outputs_and_grads(ops.varlen_attention(q, k, v, cu_q, cu_k, is_causal),
-                           varlen_reference(q, k, v, cu_q, cu_k, is_causal), (q, k, v))
+    same_outputs_and_grads(
+        ops.varlen_attention(q, k, v, cu_q, cu_k, is_causal),
+        varlen_reference(q, k, v, cu_q, cu_k, is_causal),
+        (q, k, v),
+    )
 
 
 def test_varlen_attention_bf16_scale_opcheck_and_compile():
@@ -292,8 +326,11 @@ def test_varlen_attention_takes_token_major_views_and_empty_batches():
     # [total, heads, head_dim] tensors (FlashAttention's layout) transposed: strided views.
     lens = [6, 2, 11]
     q, k, v = (torch.randn(19, h, 16).transpose(0, 1) for h in (4, 2, 2))
-    close(ops.varlen_attention(q, k, v, offsets(lens), offsets(lens)),
-          varlen_reference(q, k, v, offsets(lens), offsets(lens)), torch.float32)
+    close(
+        ops.varlen_attention(q, k, v, offsets(lens), offsets(lens)),
+        varlen_reference(q, k, v, offsets(lens), offsets(lens)),
+        torch.float32,
+    )
     # No tokens at all; queries without keys.
     q, k, v, cu_q, cu_k = varlen_inputs([0, 0])
     assert ops.varlen_attention(q, k, v, cu_q, cu_k).shape == (4, 0, 16)
@@ -306,8 +343,11 @@ def test_varlen_attention_takes_token_major_views_and_empty_batches():
 
 def test_varlen_attention_takes_int64_offsets_with_grads():
     q, k, v, cu_q, cu_k = varlen_inputs([5, 1, 9], grad=True)
-    same_outputs_and_grads(ops.varlen_attention(q, k, v, cu_q.long(), cu_k.long(), True),
-                           varlen_reference(q, k, v, cu_q, cu_k, True), (q, k, v))
+    same_outputs_and_grads(
+        ops.varlen_attention(q, k, v, cu_q.long(), cu_k.long(), True),
+        varlen_reference(q, k, v, cu_q, cu_k, True),
+        (q, k, v),
+    )
     torch.library.opcheck(ops.varlen_attention, (q, k, v, cu_q.long(), cu_k.long(), True))
 
 
@@ -395,7 +435,9 @@ def test_calls_without_gradients_enter_no_python_autograd_kernel():
 
 
 def test_native_autograd_kernels_refuse_another_pytorch():
-    with pytest.raises(RuntimeError, match=r"built for PyTorch \d+\.\d+\.\d+, this is 9\.9\.9 \(rebuild the extension\)"):
+    with pytest.raises(
+        RuntimeError, match=r"built for PyTorch \d+\.\d+\.\d+, this is 9\.9\.9 \(rebuild the extension\)"
+    ):
         tessera._tessera.register_native_autograd(["softmax"], "9.9.9")
 
 
@@ -513,8 +555,7 @@ def test_native_2_byte_ops_read_and_write_the_tensors_storage(capfd, monkeypatch
 
 
 @pytest.mark.parametrize("kv_heads,backward", [(2, "varlen_bwd_fused"), (1, "varlen_bwd_dkdv")])
-def test_varlen_attention_runs_in_place_with_its_plan_derived_on_the_host(capfd, monkeypatch, kv_heads,
-                                                                         backward):
+def test_varlen_attention_runs_in_place_with_its_plan_derived_on_the_host(capfd, monkeypatch, kv_heads, backward):
     # The tile plan comes from the offsets; q, k, v and the outputs are the tensors' storage.
     monkeypatch.setenv("TESSERA_LOG", "debug")
     q, k, v, cu_q, cu_k = varlen_inputs([5, 1, 37], heads=2, kv_heads=kv_heads, grad=True)
@@ -538,14 +579,25 @@ def test_torch_ops_run_with_the_blocks_tessera_tune_stored(tmp_path):
     # A fresh process per step: ops read the store once per op shape (then memoized).
     env = {**os.environ, "TESSERA_CACHE_DIR": str(tmp_path), "TESSERA_LOG": "debug"}
     env.pop("TESSERA_BACKEND", None)
-    tune = subprocess.run([TESSERA_CLI, "tune", "softmax", "--shape", "rows=16,cols=64", "--runs", "2"],
-                          env=env, capture_output=True, text=True, timeout=300)
+    tune = subprocess.run(
+        [TESSERA_CLI, "tune", "softmax", "--shape", "rows=16,cols=64", "--runs", "2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert tune.returncode == 0, tune.stderr
-    script = ("import torch, tessera\n"
-              "x = torch.randn(16, 64)\n"
-              "torch.testing.assert_close(torch.ops.tessera.softmax(x), torch.softmax(x, -1))\n")
-    run = lambda **extra: subprocess.run([sys.executable, "-c", script], env={**env, **extra},
-                                         capture_output=True, text=True, timeout=300)
+    script = (
+        "import torch, tessera\n"
+        "x = torch.randn(16, 64)\n"
+        "torch.testing.assert_close(torch.ops.tessera.softmax(x), torch.softmax(x, -1))\n"
+    )
+
+    def run(**extra):
+        return subprocess.run(
+            [sys.executable, "-c", script], env={**env, **extra}, capture_output=True, text=True, timeout=300
+        )
+
     tuned = run()
     assert tuned.returncode == 0, tuned.stderr
     assert re.search(r"tuned config block_rows=\d+ for softmax .* on native", tuned.stderr), tuned.stderr
@@ -613,7 +665,9 @@ def test_grids_split_on_pytorchs_threads_as_many_as_it_is_told(capfd, monkeypatc
     try:
         torch.set_num_threads(2)
         want = ops.softmax(x)
-        assert "native @softmax: running in place on the caller's buffers, on 2 threads (openmp)" in capfd.readouterr().err
+        assert (
+            "native @softmax: running in place on the caller's buffers, on 2 threads (openmp)" in capfd.readouterr().err
+        )
         torch.set_num_threads(1)
         assert torch.equal(ops.softmax(x), want)
         assert re.search(r"native @softmax: .*on the calling thread", capfd.readouterr().err)
@@ -622,7 +676,10 @@ def test_grids_split_on_pytorchs_threads_as_many_as_it_is_told(capfd, monkeypatc
 
 
 def test_tesseras_own_threads_on_request():
-    script = "import tessera, torch; print(tessera.thread_pool(), torch.ops.tessera.softmax(torch.ones(1024, 512)).sum().item())"
+    script = (
+        "import tessera, torch; "
+        "print(tessera.thread_pool(), torch.ops.tessera.softmax(torch.ones(1024, 512)).sum().item())"
+    )
     env = dict(os.environ, TESSERA_THREAD_POOL="tessera")
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -634,7 +691,13 @@ def test_torch_compile_fullgraph():
         h = ops.rms_norm(x, w, 1e-5)
         return ops.softmax(h).sum() + ops.flash_attention(q, k, v, is_causal=True).sum()
 
-    args = (torch.randn(4, 16), torch.randn(16), torch.randn(1, 2, 8, 16), torch.randn(1, 1, 8, 16), torch.randn(1, 1, 8, 16))
+    args = (
+        torch.randn(4, 16),
+        torch.randn(16),
+        torch.randn(1, 2, 8, 16),
+        torch.randn(1, 1, 8, 16),
+        torch.randn(1, 1, 8, 16),
+    )
     compiled = torch.compile(block, fullgraph=True)
     torch.testing.assert_close(compiled(*args), block(*args), rtol=1e-5, atol=1e-5)
 
@@ -650,7 +713,11 @@ def test_gradients_match_autograd(name):
     cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
     cases = {
         "softmax": (lambda: ops.softmax(x), lambda: torch.softmax(x, -1), (x,)),
-        "rms_norm": (lambda: ops.rms_norm(x, w, 1e-5), lambda: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w, (x, w)),
+        "rms_norm": (
+            lambda: ops.rms_norm(x, w, 1e-5),
+            lambda: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w,
+            (x, w),
+        ),
         "layer_norm": (lambda: ops.layer_norm(x, w, b, 1e-5), lambda: F.layer_norm(x, (16,), w, b, 1e-5), (x, w, b)),
         "swiglu": (lambda: ops.swiglu(x, other), lambda: F.silu(x) * other, (x, other)),
         "matmul": (lambda: ops.matmul(x, y), lambda: x @ y, (x, y)),

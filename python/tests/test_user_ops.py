@@ -12,9 +12,9 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import python_frames_of, run_without_native_autograd
 
 import tessera
-from helpers import python_frames_of, run_without_native_autograd
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CRATE = REPO / "python/examples/user_ops/Cargo.toml"
@@ -25,11 +25,13 @@ TARGET = REPO / "target/outside-crate"
 @pytest.fixture(scope="module")
 def user_ops():
     """Builds the example library (a no-op when it is up to date) and loads it."""
-    subprocess.run(["cargo", "build", "--release", "--quiet", "--manifest-path", str(CRATE),
-                    "--target-dir", str(TARGET)], check=True, cwd=REPO)
+    subprocess.run(
+        ["cargo", "build", "--release", "--quiet", "--manifest-path", str(CRATE), "--target-dir", str(TARGET)],
+        check=True,
+        cwd=REPO,
+    )
     ops = tessera.load_library(TARGET / "release/libuser_ops.so")
-    torch.library.register_autograd("user_ops::bias_gelu_tanh", _gelu_backward,
-                                    setup_context=_gelu_setup)
+    torch.library.register_autograd("user_ops::bias_gelu_tanh", _gelu_backward, setup_context=_gelu_setup)
     return ops
 
 
@@ -101,7 +103,7 @@ def test_a_failed_check_is_pytorchs_error(user_ops, backend):
     # int32 cannot hold are refused before the kernel runs.
     user_ops.cross_entropy(logits[:17], torch.zeros(17, dtype=torch.int64))
     with pytest.raises(IndexError, match="target: int64 value -4294967296 \\(element 2\\) is out of the int32"):
-        user_ops.cross_entropy(logits, torch.tensor([0, 1, -2**32] + [0] * 17))
+        user_ops.cross_entropy(logits, torch.tensor([0, 1, -(2**32)] + [0] * 17))
 
 
 @pytest.mark.parametrize("backend", ["native", "interp", "xla"])
@@ -114,9 +116,12 @@ def test_an_empty_batch_gives_empty_results_without_a_launch(user_ops, backend):
         g = user_ops.bias_gelu_residual(x, b, x)
         loss = user_ops.cross_entropy(torch.randn(0, 5), torch.zeros(0, dtype=torch.int64))
     assert trace.launches == [], trace.launches
-    for got, want in [(o, x), (h, x), (g, F.gelu(x + b) + x),
-                      (loss, F.cross_entropy(torch.randn(0, 5), torch.zeros(0, dtype=torch.int64),
-                                             reduction="none"))]:
+    for got, want in [
+        (o, x),
+        (h, x),
+        (g, F.gelu(x + b) + x),
+        (loss, F.cross_entropy(torch.randn(0, 5), torch.zeros(0, dtype=torch.int64), reduction="none")),
+    ]:
         assert got.shape == want.shape and got.dtype == want.dtype
     torch.library.opcheck(user_ops.add_rms_norm, (x, x, w, 1e-5))
     # The same call inside a compiled graph.
@@ -234,35 +239,48 @@ def _c_library(tmp_path, name, manifest):
         "#include <stdlib.h>\n#include <string.h>\n"
         f'char *tessera_op_library_v1(void) {{ return strdup("{text}"); }}\n'
         'char *tessera_build_v1(const char *op, const char *req) { return strdup("error\\nunused"); }\n'
-        "void tessera_free_v1(char *p) { free(p); }\n")
+        "void tessera_free_v1(char *p) { free(p); }\n"
+    )
     out = tmp_path / f"lib{name}.so"
     subprocess.run([cc, "-shared", "-fPIC", "-o", str(out), str(src)], check=True)
     return out
 
 
 REFUSED = [
-    ("newer", "tessera-op-library 2\nir 1\nnamespace newer\n",
-     "speaks op-library protocol 2.*rebuild the library"),
-    ("bad_schema", "tessera-op-library 1\nir 1\nnamespace bad_schema\nop f(Tensor x -> Tensor\n",
-     "op schema `f\\(Tensor x -> Tensor` is malformed"),
-    ("lists", "tessera-op-library 1\nir 1\nnamespace lists\nop g(Tensor[] xs) -> Tensor\n",
-     "op `g` argument `xs` has type List\\[Tensor\\]"),
-    ("reserved", "tessera-op-library 1\nir 1\nnamespace tessera\nop x(Tensor x) -> Tensor\n",
-     "namespace `tessera` is reserved"),
-    ("twin", "tessera-op-library 1\nir 1\nnamespace user_ops\nop y(Tensor x) -> Tensor\n",
-     "namespace `user_ops` is already registered by .*libuser_ops.so"),
+    ("newer", "tessera-op-library 2\nir 1\nnamespace newer\n", "speaks op-library protocol 2.*rebuild the library"),
+    (
+        "bad_schema",
+        "tessera-op-library 1\nir 1\nnamespace bad_schema\nop f(Tensor x -> Tensor\n",
+        "op schema `f\\(Tensor x -> Tensor` is malformed",
+    ),
+    (
+        "lists",
+        "tessera-op-library 1\nir 1\nnamespace lists\nop g(Tensor[] xs) -> Tensor\n",
+        "op `g` argument `xs` has type List\\[Tensor\\]",
+    ),
+    (
+        "reserved",
+        "tessera-op-library 1\nir 1\nnamespace tessera\nop x(Tensor x) -> Tensor\n",
+        "namespace `tessera` is reserved",
+    ),
+    (
+        "twin",
+        "tessera-op-library 1\nir 1\nnamespace user_ops\nop y(Tensor x) -> Tensor\n",
+        "namespace `user_ops` is already registered by .*libuser_ops.so",
+    ),
 ]
 
 
 @pytest.mark.parametrize("name,manifest,message", REFUSED, ids=[r[0] for r in REFUSED])
-def test_libraries_of_another_version_or_with_bad_schemas_are_refused(user_ops, tmp_path, name, manifest,
-                                                                      message):
+def test_libraries_of_another_version_or_with_bad_schemas_are_refused(user_ops, tmp_path, name, manifest, message):
     with pytest.raises(ValueError, match=message):
         tessera.load_library(_c_library(tmp_path, name, manifest))
 
 
 def test_a_failing_build_names_the_op(tmp_path):
-    failing = _c_library(tmp_path, "failing", "tessera-op-library 1\nir 1\nnamespace failing\nop h(Tensor x) -> Tensor\n")
+    failing = _c_library(
+        tmp_path, "failing", "tessera-op-library 1\nir 1\nnamespace failing\nop h(Tensor x) -> Tensor\n"
+    )
     ops = tessera.load_library(failing)
     with pytest.raises(ValueError, match="op `h`: unused"):
         ops.h(torch.zeros(2))

@@ -44,8 +44,10 @@ def main(path, topology="v5e:2x2"):
         module = ir.Module.parse(text)
         options = compiler.get_compile_options(num_replicas=1, num_partitions=partitions)
         backend.compile(module, executable_devices=xc.DeviceList(tuple(devices)), compile_options=options)
-    print(f"compiled {pathlib.Path(path).name} ({len(bodies)} Mosaic kernels) for {topology}"
-          + (f" partitioned over {partitions} devices" if partitions > 1 else ""))
+    print(
+        f"compiled {pathlib.Path(path).name} ({len(bodies)} Mosaic kernels) for {topology}"
+        + (f" partitioned over {partitions} devices" if partitions > 1 else "")
+    )
 
 
 if __name__ == "__main__":

@@ -39,11 +39,13 @@ def forward_row(name, runs):
     model, inputs = build(name, size="bench")
     out = {}
     with torch.no_grad():
-        for label, fn in (("eager", model),
-                          ("inductor", torch.compile(model)),
-                          ("tessera", torch.compile(model, backend="tessera"))):
+        for label, fn in (
+            ("eager", model),
+            ("inductor", torch.compile(model)),
+            ("tessera", torch.compile(model, backend="tessera")),
+        ):
             torch._dynamo.reset()
-            out[label] = median_ms(lambda: fn(*inputs), runs)
+            out[label] = median_ms(lambda fn=fn: fn(*inputs), runs)
     return out
 
 
@@ -55,11 +57,14 @@ def train_row(runs):
         model_args, input_args = BENCH["mingpt"]
         model = mingpt.GPT(**model_args)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        forward = {"eager": model, "inductor": torch.compile(model),
-                   "tessera": torch.compile(model, backend="tessera")}[label]
+        forward = {
+            "eager": model,
+            "inductor": torch.compile(model),
+            "tessera": torch.compile(model, backend="tessera"),
+        }[label]
         x, y = next(mingpt.batches(**input_args))
 
-        def step():
+        def step(forward=forward, x=x, y=y, opt=opt):
             loss = F.cross_entropy(forward(x).flatten(0, 1), y.flatten())
             opt.zero_grad()
             loss.backward()
@@ -90,8 +95,10 @@ def compile_times(name):
     with tempfile.TemporaryDirectory() as cache:
         env = {**os.environ, "TESSERA_CACHE_DIR": cache, "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, "inductor")}
         script = COMPILE_SCRIPT.format(examples=examples, name=name)
-        runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
-                for _ in range(2)]
+        runs = [
+            subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+            for _ in range(2)
+        ]
     cold, memory, _ = runs[0].stdout.split(maxsplit=2)
     disk = runs[1].stdout.split()[0]
     return float(cold), float(memory), float(disk)
@@ -104,15 +111,19 @@ def main():
     args = p.parse_args()
     names = args.models.split(",")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, medians of {args.runs} calls (ms)")
-    print(f"{'model':<16}{'eager':>9}{'inductor':>10}{'tessera':>9}{'t/eager':>9}{'t/ind.':>8}"
-          f"{'cold':>8}{'mem':>7}{'disk':>7}")
+    print(
+        f"{'model':<16}{'eager':>9}{'inductor':>10}{'tessera':>9}{'t/eager':>9}{'t/ind.':>8}"
+        f"{'cold':>8}{'mem':>7}{'disk':>7}"
+    )
     rows = [(n, forward_row(n, args.runs), compile_times(n)) for n in names]
     if "mingpt" in names:
         rows.append(("mingpt train", train_row(args.runs), None))
     for name, r, c in rows:
         comp = "".join(f"{v:>7.0f}" for v in c) if c else ""
-        print(f"{name:<16}{r['eager']:>9.2f}{r['inductor']:>10.2f}{r['tessera']:>9.2f}"
-              f"{r['tessera'] / r['eager']:>9.2f}{r['tessera'] / r['inductor']:>8.2f} {comp}")
+        print(
+            f"{name:<16}{r['eager']:>9.2f}{r['inductor']:>10.2f}{r['tessera']:>9.2f}"
+            f"{r['tessera'] / r['eager']:>9.2f}{r['tessera'] / r['inductor']:>8.2f} {comp}"
+        )
 
 
 if __name__ == "__main__":

@@ -24,8 +24,8 @@ class DLRM(nn.Module):
     def forward(self, dense, indices, offsets):
         x = self.bottom(dense)
         feats = [x] + [t(indices[i], offsets[i]) for i, t in enumerate(self.tables)]
-        z = torch.stack(feats, dim=1)                       # [batch, features, dim]
-        inter = z @ z.transpose(1, 2)                       # pairwise dots
+        z = torch.stack(feats, dim=1)  # [batch, features, dim]
+        inter = z @ z.transpose(1, 2)  # pairwise dots
         i, j = torch.tril_indices(z.shape[1], z.shape[1], offset=-1)
         return self.top(torch.cat([x, inter[:, i, j]], dim=1))
 

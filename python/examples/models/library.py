@@ -12,8 +12,16 @@ VISION = ("vit", "convnext", "resnet18")
 
 
 def _decoder_config(cls, hidden: int, layers: int, **extra):
-    return cls(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-               intermediate_size=2 * hidden, vocab_size=VOCAB, max_position_embeddings=512, **extra)
+    return cls(
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=2 * hidden,
+        vocab_size=VOCAB,
+        max_position_embeddings=512,
+        **extra,
+    )
 
 
 def causal_lm(name: str, size: str = "test"):
@@ -24,21 +32,39 @@ def causal_lm(name: str, size: str = "test"):
     hidden, layers, seq = SIZES[size]
     torch.manual_seed(0)
     if name == "gpt2":
-        cfg = transformers.GPT2Config(n_embd=hidden, n_layer=layers, n_head=4, vocab_size=VOCAB, n_positions=512,
-                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                                      bos_token_id=0, eos_token_id=0)
+        cfg = transformers.GPT2Config(
+            n_embd=hidden,
+            n_layer=layers,
+            n_head=4,
+            vocab_size=VOCAB,
+            n_positions=512,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
         return transformers.GPT2LMHeadModel(cfg)
     if name == "llama":
         return transformers.LlamaForCausalLM(_decoder_config(transformers.LlamaConfig, hidden, layers))
     if name == "qwen2":
         return transformers.Qwen2ForCausalLM(_decoder_config(transformers.Qwen2Config, hidden, layers))
     if name == "mistral":
-        return transformers.MistralForCausalLM(_decoder_config(
-            transformers.MistralConfig, hidden, layers, sliding_window=seq // 2))
+        return transformers.MistralForCausalLM(
+            _decoder_config(transformers.MistralConfig, hidden, layers, sliding_window=seq // 2)
+        )
     if name == "gemma2":
-        return transformers.Gemma2ForCausalLM(_decoder_config(
-            transformers.Gemma2Config, hidden, layers, head_dim=hidden // 4, sliding_window=seq // 2,
-            attn_logit_softcapping=50.0, final_logit_softcapping=30.0))
+        return transformers.Gemma2ForCausalLM(
+            _decoder_config(
+                transformers.Gemma2Config,
+                hidden,
+                layers,
+                head_dim=hidden // 4,
+                sliding_window=seq // 2,
+                attn_logit_softcapping=50.0,
+                final_logit_softcapping=30.0,
+            )
+        )
     raise ValueError(f"unknown causal LM {name!r}; expected one of {DECODERS}")
 
 
@@ -48,9 +74,16 @@ def bert(size: str = "test"):
 
     hidden, layers, _ = SIZES[size]
     torch.manual_seed(0)
-    cfg = transformers.BertConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
-                                  intermediate_size=2 * hidden, vocab_size=VOCAB, max_position_embeddings=512,
-                                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    cfg = transformers.BertConfig(
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        intermediate_size=2 * hidden,
+        vocab_size=VOCAB,
+        max_position_embeddings=512,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     return transformers.BertModel(cfg)
 
 
@@ -60,9 +93,11 @@ def vision(name: str, size: str = "test"):
 
     _, layers, _ = SIZES[size]
     pixels = 32 if size == "test" else 128
-    kwargs = {"vit": ("vit_tiny_patch16_224", {"img_size": pixels, "patch_size": 8, "depth": layers}),
-              "convnext": ("convnext_atto", {"depths": (1, 1, 1, 1)} if size == "test" else {}),
-              "resnet18": ("resnet18", {})}
+    kwargs = {
+        "vit": ("vit_tiny_patch16_224", {"img_size": pixels, "patch_size": 8, "depth": layers}),
+        "convnext": ("convnext_atto", {"depths": (1, 1, 1, 1)} if size == "test" else {}),
+        "resnet18": ("resnet18", {}),
+    }
     if name not in kwargs:
         raise ValueError(f"unknown vision model {name!r}; expected one of {VISION}")
     arch, extra = kwargs[name]
@@ -79,14 +114,24 @@ def diffusion_unet(size: str = "test"):
     torch.manual_seed(0)
     pixels, width = (16, 32) if size == "test" else (32, 64)
     unet = diffusers.UNet2DConditionModel(
-        sample_size=pixels, in_channels=4, out_channels=4, layers_per_block=1,
-        block_out_channels=(width, 2 * width), down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=32, attention_head_dim=8,
-        norm_num_groups=8)
+        sample_size=pixels,
+        in_channels=4,
+        out_channels=4,
+        layers_per_block=1,
+        block_out_channels=(width, 2 * width),
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=32,
+        attention_head_dim=8,
+        norm_num_groups=8,
+    )
     batch = 2
     generator = torch.Generator().manual_seed(1)
-    return unet, (torch.randn(batch, 4, pixels, pixels, generator=generator), torch.tensor([10, 20]),
-                  torch.randn(batch, 7, 32, generator=generator))
+    return unet, (
+        torch.randn(batch, 4, pixels, pixels, generator=generator),
+        torch.tensor([10, 20]),
+        torch.randn(batch, 7, 32, generator=generator),
+    )
 
 
 def tokens(size: str = "test", batch: int = 2) -> torch.Tensor:

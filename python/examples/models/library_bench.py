@@ -5,8 +5,8 @@ tokens; 8x3x128x128 images), forward with no gradients, under eager PyTorch,
 on Inductor (the default), in one process: compiled and warmed up, then called in turn
 for ``--runs`` rounds (so a slow spell of the machine hits them alike). ``--xla`` adds
 the XLA path (``options={"compiler": "xla"}``), timed after them; it slows the others
-in the same process (XLA's CPU client keeps threads busy), so its run is separate. Prints the kernels graph mode took and
-the medians; ratios below 1 mean tessera is faster.
+in the same process (XLA's CPU client keeps threads busy), so its run is separate. Prints
+the kernels graph mode took and the medians; ratios below 1 mean tessera is faster.
 
     .venv/bin/python python/examples/models/library_bench.py [--runs 10] [--models llama,vit]
 """
@@ -40,8 +40,11 @@ def build(name):
 
 def row(name, runs, xla):
     model, inputs = build(name)
-    compilers = {"eager": lambda: model, "inductor": lambda: torch.compile(model),
-                 "tessera": lambda: torch.compile(model, backend="tessera")}
+    compilers = {
+        "eager": lambda: model,
+        "inductor": lambda: torch.compile(model),
+        "tessera": lambda: torch.compile(model, backend="tessera"),
+    }
     if xla:
         compilers["tessera+xla"] = lambda: torch.compile(model, backend="tessera", options={"compiler": "xla"})
     torch._dynamo.reset()
@@ -55,8 +58,9 @@ def row(name, runs, xla):
             if label == "tessera":
                 stats = tessera.graph_stats()
                 out["kernels"] = ", ".join(f"{k} x{n}" for k, n in sorted(stats["kernels"].items())) or "none"
-                out["eager graphs"] = len([k for k in stats["fallbacks"] if k.startswith("graph ")
-                                           or k.endswith((".forward", ".backward"))])
+                out["eager graphs"] = len(
+                    [k for k in stats["fallbacks"] if k.startswith("graph ") or k.endswith((".forward", ".backward"))]
+                )
         times = {label: [] for label in fns}
         for phase in (("eager", "inductor", "tessera"), ("tessera+xla",) if xla else ()):
             for _ in range(runs):
@@ -82,8 +86,10 @@ def main():
         r = row(name, args.runs, args.xla)
         eager_graphs = f" ({r['eager graphs']} graphs eager)" if r["eager graphs"] else ""
         t = r["tessera"]
-        line = (f"| {name} | {r['kernels']}{eager_graphs} | {r['eager']:.2f} | {r['inductor']:.2f} | {t:.2f} | "
-                f"{t / r['eager']:.2f} | {t / r['inductor']:.2f} |")
+        line = (
+            f"| {name} | {r['kernels']}{eager_graphs} | {r['eager']:.2f} | {r['inductor']:.2f} | {t:.2f} | "
+            f"{t / r['eager']:.2f} | {t / r['inductor']:.2f} |"
+        )
         if args.xla:
             tx = r["tessera+xla"]
             line += f" {tx:.2f} | {tx / r['eager']:.2f} | {tx / r['inductor']:.2f} |"

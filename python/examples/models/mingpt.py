@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 TEXT = "the quick brown fox jumps over the lazy dog. " * 40
 VOCAB = sorted(set(TEXT))
+VOCAB_SIZE = len(VOCAB)
 
 
 class CausalSelfAttention(nn.Module):
@@ -39,7 +40,7 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab=len(VOCAB), dim=64, heads=4, layers=2, block=32):
+    def __init__(self, vocab=VOCAB_SIZE, dim=64, heads=4, layers=2, block=32):
         super().__init__()
         self.tok, self.pos = nn.Embedding(vocab, dim), nn.Embedding(block, dim)
         self.blocks = nn.ModuleList(Block(dim, heads, block) for _ in range(layers))
@@ -58,8 +59,8 @@ def batches(batch=4, block=32, seed=0):
     g = torch.Generator().manual_seed(seed)
     while True:
         start = torch.randint(0, len(ids) - block - 1, (batch,), generator=g)
-        x = torch.stack([ids[s:s + block] for s in start])
-        y = torch.stack([ids[s + 1:s + block + 1] for s in start])
+        x = torch.stack([ids[s : s + block] for s in start])
+        y = torch.stack([ids[s + 1 : s + block + 1] for s in start])
         yield x, y
 
 

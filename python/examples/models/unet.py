@@ -6,8 +6,14 @@ import torch.nn as nn
 
 
 def conv_block(cin, cout):
-    return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.GroupNorm(4, cout), nn.SiLU(),
-                         nn.Conv2d(cout, cout, 3, padding=1), nn.GroupNorm(4, cout), nn.SiLU())
+    return nn.Sequential(
+        nn.Conv2d(cin, cout, 3, padding=1),
+        nn.GroupNorm(4, cout),
+        nn.SiLU(),
+        nn.Conv2d(cout, cout, 3, padding=1),
+        nn.GroupNorm(4, cout),
+        nn.SiLU(),
+    )
 
 
 class UNet(nn.Module):

@@ -14,8 +14,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "models"))
-import tessera  # noqa: E402
 from bench import median_ms  # noqa: E402 - the model bench's timer
+
+import tessera  # noqa: E402
 
 LIBRARY = pathlib.Path(__file__).resolve().parents[3] / "target/outside-crate/release/libuser_ops.so"
 
@@ -33,11 +34,13 @@ def main():
         f"cross_entropy {n}x{v} (int64 targets)": (
             lambda: ops.cross_entropy(logits, target),
             lambda: F.cross_entropy(logits, target, reduction="none"),
-            logits.nbytes),
+            logits.nbytes,
+        ),
         f"bias_gelu_residual {n}x{h}": (
             lambda: ops.bias_gelu_residual(x, b, r),
             lambda: F.gelu(x + b) + r,
-            4 * x.nbytes),
+            4 * x.nbytes,
+        ),
     }
     print(f"{'op':42} {'tessera ms':>11} {'torch ms':>9} {'ratio':>6} {'GB/s':>6}")
     for _ in range(args.rounds):

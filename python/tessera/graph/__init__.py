@@ -25,7 +25,6 @@ import os
 import sys
 import time
 import warnings
-from typing import Dict, List
 
 import torch
 from torch._functorch.aot_autograd import make_boxed_func
@@ -44,9 +43,15 @@ class GraphModeError(RuntimeError):
     """Raised instead of falling back to eager when ``TESSERA_GRAPH_STRICT=1``."""
 
 
-def _empty_stats() -> Dict:
-    return {"graphs": 0, "cache_hits": {"memory": 0, "disk": 0}, "kernels": {}, "fallbacks": {}, "shapes": {},
-            "inductor_cache": {counter: 0 for counter in _INDUCTOR_COUNTERS.values()}}
+def _empty_stats() -> dict:
+    return {
+        "graphs": 0,
+        "cache_hits": {"memory": 0, "disk": 0},
+        "kernels": {},
+        "fallbacks": {},
+        "shapes": {},
+        "inductor_cache": {counter: 0 for counter in _INDUCTOR_COUNTERS.values()},
+    }
 
 
 # Inductor's cache counters (torch._dynamo.utils.counters) -> their names in graph_stats().
@@ -61,7 +66,7 @@ _graph_ids = itertools.count()
 _warned = set()
 
 
-def graph_stats() -> Dict:
+def graph_stats() -> dict:
     """``graphs`` (graphs compiled: forward and backward count apart on the XLA path, as
     one on Inductor's), ``cache_hits`` (the XLA path's ``{"memory": n, "disk": n}``),
     ``inductor_cache`` (the Inductor path's FX graph cache hits and misses), ``kernels``
@@ -110,7 +115,7 @@ class _Runner:
     ``None``, as backward graphs do for inputs without gradients). If a run fails, the
     graph runs eagerly from then on (with one warning naming the cause)."""
 
-    def __init__(self, exe, elements: List[str], outputs: List, constants: List[torch.Tensor], eager, name: str):
+    def __init__(self, exe, elements: list[str], outputs: list, constants: list[torch.Tensor], eager, name: str):
         self.exe = exe
         self.elements = elements  # element name of each input (arguments, then constants)
         self.outputs = outputs  # per graph output: (shape, dtype, element) or None
@@ -123,8 +128,10 @@ class _Runner:
         inputs = [a.contiguous() for a in args] + self.constants
         results = [None if o is None else torch.empty(o[0], dtype=o[1]) for o in self.outputs]
         try:
-            self.exe.run([(t.data_ptr(), list(t.shape), e) for t, e in zip(inputs, self.elements)],
-                         [(t.data_ptr(), list(t.shape), o[2]) for t, o in zip(results, self.outputs) if o is not None])
+            self.exe.run(
+                [(t.data_ptr(), list(t.shape), e) for t, e in zip(inputs, self.elements)],
+                [(t.data_ptr(), list(t.shape), o[2]) for t, o in zip(results, self.outputs) if o is not None],
+            )
         except (RuntimeError, ValueError) as e:
             self.failed = True
             _fallback(self.name, f"running the compiled graph failed: {_cause(e)}")
@@ -205,10 +212,12 @@ def _compile(gm: torch.fx.GraphModule, example_inputs, *, name: str):
         _stats["cache_hits"][source] += 1
     for k in kernels:
         _stats["kernels"][k] = _stats["kernels"].get(k, 0) + 1
-    ops = text.count(" = stablehlo.") + text.count(" = \"stablehlo.")
-    summary = (f"{name}: {ops} StableHLO ops, {len(kernels)} Tessera kernels "
-               f"({', '.join(sorted(set(kernels))) or 'none'}), import {1e3 * (t1 - t0):.0f} ms, "
-               f"XLA {compile_ms:.0f} ms ({source})")
+    ops = text.count(" = stablehlo.") + text.count(' = "stablehlo.')
+    summary = (
+        f"{name}: {ops} StableHLO ops, {len(kernels)} Tessera kernels "
+        f"({', '.join(sorted(set(kernels))) or 'none'}), import {1e3 * (t1 - t0):.0f} ms, "
+        f"XLA {compile_ms:.0f} ms ({source})"
+    )
     _debug(summary)
     _dump(f"{name}.stablehlo.mlir", text)
     _dump(f"{name}.summary.txt", summary + "\n")
@@ -269,8 +278,21 @@ def _constant_evaluator(gm: torch.fx.GraphModule, example_inputs):
     return evaluate
 
 
-_RANDOM = {"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "randperm", "bernoulli",
-           "multinomial", "normal", "dropout", "uniform_", "normal_"}
+_RANDOM = {
+    "rand",
+    "randn",
+    "randint",
+    "rand_like",
+    "randn_like",
+    "randint_like",
+    "randperm",
+    "bernoulli",
+    "multinomial",
+    "normal",
+    "dropout",
+    "uniform_",
+    "normal_",
+}
 
 
 def _random_or_in_place(node: torch.fx.Node) -> bool:
@@ -372,22 +394,31 @@ class _PerShape:
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         # Inputs read only through .item() (floats Dynamo did not specialize): their
         # values are part of the shape key and baked into the graph.
-        self.scalars = {i for i, n in enumerate(placeholders)
-                        if n.users and all(u.op == "call_method" and u.target == "item" for u in n.users)}
+        self.scalars = {
+            i
+            for i, n in enumerate(placeholders)
+            if n.users and all(u.op == "call_method" and u.target == "item" for u in n.users)
+        }
 
     def __call__(self, *args):
         key = (torch.is_grad_enabled(),) + tuple(
-            a.item() if i in self.scalars else
-            (tuple(a.shape), a.stride(), a.dtype, a.requires_grad) if isinstance(a, torch.Tensor) else a
-            for i, a in enumerate(args))
+            a.item()
+            if i in self.scalars
+            else (tuple(a.shape), a.stride(), a.dtype, a.requires_grad)
+            if isinstance(a, torch.Tensor)
+            else a
+            for i, a in enumerate(args)
+        )
         run = self.compiled.get(key)
         if run is None:
             if len(self.compiled) < _max_shapes():
                 run = self._specialize(args, f"{self.name}s{len(self.compiled)}")
                 _stats["shapes"][self.name] = len(self.compiled) + 1
             else:
-                _fallback(f"graph {self.name}", f"more than {_max_shapes()} shapes (TESSERA_GRAPH_SHAPES): "
-                          "further shapes run eagerly")
+                _fallback(
+                    f"graph {self.name}",
+                    f"more than {_max_shapes()} shapes (TESSERA_GRAPH_SHAPES): further shapes run eagerly",
+                )
                 run = self.gm.forward
             self.compiled[key] = run
         return run(*args)
@@ -439,8 +470,10 @@ def _substitute_and_compile(gm: torch.fx.GraphModule, example_inputs, name: str,
     for what, reason in report.skipped.items():
         record_fallback(what, reason)
     shapes = [tuple(t.shape) for t in example_inputs if isinstance(t, torch.Tensor)]
-    _debug(f"{name}: new graph for input shapes {shapes}; substituted {report.substituted or 'nothing'}"
-           + (f"; kept {report.skipped}" if report.skipped else ""))
+    _debug(
+        f"{name}: new graph for input shapes {shapes}; substituted {report.substituted or 'nothing'}"
+        + (f"; kept {report.skipped}" if report.skipped else "")
+    )
 
     if compiler == "inductor":
         return _inductor(gm, example_inputs, name, report)
@@ -448,8 +481,9 @@ def _substitute_and_compile(gm: torch.fx.GraphModule, example_inputs, name: str,
     def xla(kind):
         return lambda g, ex: _compile(g, ex, name=f"{name}.{kind}")
 
-    return aot_autograd(fw_compiler=xla("forward"), bw_compiler=xla("backward"),
-                        decompositions=decompositions.table())(gm, example_inputs)
+    return aot_autograd(fw_compiler=xla("forward"), bw_compiler=xla("backward"), decompositions=decompositions.table())(
+        gm, example_inputs
+    )
 
 
 def _inductor(gm: torch.fx.GraphModule, example_inputs, name: str, report):
@@ -493,7 +527,7 @@ def _inductor(gm: torch.fx.GraphModule, example_inputs, name: str, report):
     return guarded
 
 
-def _kernel_nodes(graph: torch.fx.Graph) -> Dict[str, int]:
+def _kernel_nodes(graph: torch.fx.Graph) -> dict[str, int]:
     """The Tessera kernel calls in an ATen graph, named as on the XLA path (a forward op
     by its kernel, a user library op as ``namespace::op``)."""
     found = {}
@@ -516,7 +550,7 @@ def _kernel_nodes(graph: torch.fx.Graph) -> Dict[str, int]:
     return found
 
 
-def explain_graph(model, *args, **kwargs) -> Dict:
+def explain_graph(model, *args, **kwargs) -> dict:
     """Prints (and returns) what graph mode would substitute in ``model(*args)`` and why
     each recognised pattern was not, without compiling anything."""
     found = {"substituted": {}, "kept": {}}

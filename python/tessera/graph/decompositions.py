@@ -11,8 +11,17 @@ from torch._decomp import core_aten_decompositions, get_decompositions
 aten = torch.ops.aten
 
 
-def _embedding_bag_sum(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
-                       per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+def _embedding_bag_sum(
+    weight,
+    indices,
+    offsets,
+    scale_grad_by_freq=False,
+    mode=0,
+    sparse=False,
+    per_sample_weights=None,
+    include_last_offset=False,
+    padding_idx=-1,
+):
     """``EmbeddingBag(mode="sum")`` as a gather and a scatter-add: bag ``b`` sums the
     rows of ``weight`` at ``indices[offsets[b]:offsets[b + 1]]``. Other modes are
     declined."""
@@ -20,7 +29,7 @@ def _embedding_bag_sum(weight, indices, offsets, scale_grad_by_freq=False, mode=
         return NotImplemented
     n, bags = indices.shape[0], offsets.shape[0]
     position = torch.arange(n, device=indices.device)
-    bag_of = (position[:, None] >= offsets[None, :]).sum(1) - 1            # [n]
+    bag_of = (position[:, None] >= offsets[None, :]).sum(1) - 1  # [n]
     out = weight.new_zeros((bags, weight.shape[1])).index_add(0, bag_of, weight[indices])
     empty = indices.new_zeros((0,))
     return out, bag_of, offsets.new_zeros((bags,)), empty
@@ -41,8 +50,12 @@ def _as_strided_view(x, size, stride, storage_offset=None):
     contiguous = [1] * len(size)
     for i in range(len(size) - 2, -1, -1):
         contiguous[i] = contiguous[i + 1] * size[i + 1]
-    if storage_offset not in (None, 0) or not x.is_contiguous() or x.numel() != math.prod(size) or any(
-            n != 1 and s != c for n, s, c in zip(size, stride, contiguous)):
+    if (
+        storage_offset not in (None, 0)
+        or not x.is_contiguous()
+        or x.numel() != math.prod(size)
+        or any(n != 1 and s != c for n, s, c in zip(size, stride, contiguous))
+    ):
         return NotImplemented
     return x.view(size)
 
@@ -63,10 +76,15 @@ def _slice_scatter(x, src, dim=0, start=None, end=None, step=1):
 def table():
     """core ATen + the extra decompositions above."""
     d = dict(core_aten_decompositions())
-    d.update(get_decompositions([
-        aten._native_batch_norm_legit_no_training, aten._native_batch_norm_legit,
-        aten.native_batch_norm,
-    ]))
+    d.update(
+        get_decompositions(
+            [
+                aten._native_batch_norm_legit_no_training,
+                aten._native_batch_norm_legit,
+                aten.native_batch_norm,
+            ]
+        )
+    )
     d[aten.squeeze.dims] = _squeeze_dims
     d[aten.as_strided.default] = _as_strided_view
     d[aten.slice_scatter.default] = _slice_scatter

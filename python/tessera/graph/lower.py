@@ -20,20 +20,30 @@ import re
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Optional
 
 import torch
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
-from .. import _attention_mask, _attention_params, _DTYPES, _tessera, library
+from .. import _DTYPES, _attention_mask, _attention_params, _tessera, library
 
 TARGET = "tessera_op"
 # The custom call `op` of user library ops (the runner finds them by namespace).
 USER_OP = "user_op"
 
 # Torch dialect element types -> builtin ones.
-_ELEMENT = {"f32": "f32", "f64": "f64", "bf16": "bf16", "f16": "f16", "si64": "i64", "si32": "i32",
-            "si16": "i16", "si8": "i8", "ui8": "ui8", "i1": "i1"}
+_ELEMENT = {
+    "f32": "f32",
+    "f64": "f64",
+    "bf16": "bf16",
+    "f16": "f16",
+    "si64": "i64",
+    "si32": "i32",
+    "si16": "i16",
+    "si8": "i8",
+    "ui8": "ui8",
+    "i1": "i1",
+}
 
 
 class LoweringError(Exception):
@@ -44,13 +54,14 @@ class LoweringError(Exception):
 class KernelCall:
     """How one Tessera op node becomes a custom call."""
 
-    kernel: str                       # library op name
-    params: Dict[str, object]         # its parameters
-    inputs: List[Tuple[int, list]]    # (tensor operand index, shape the kernel wants)
-    outputs: List[Tuple[list, str]]   # (shape, element type) of each kernel output
-    results: List[int]                # node result i -> kernel output results[i]
+    kernel: str  # library op name
+    params: dict[str, object]  # its parameters
+    inputs: list[tuple[int, list]]  # (tensor operand index, shape the kernel wants)
+    outputs: list[tuple[list, str]]  # (shape, element type) of each kernel output
+    results: list[int]  # node result i -> kernel output results[i]
 
     def params_text(self) -> str:
+        """The params as the custom call's comma-separated ``name=value`` text."""
         return ",".join(f"{k}={v}" for k, v in self.params.items())
 
     @property
@@ -100,8 +111,9 @@ def kernel_call(node: torch.fx.Node) -> KernelCall:
     if name in _ATTENTION:
         q, k, v = args[:3]
         named = _named_args(node, args)
-        params = _attention_params(q, k, v, named.get("is_causal", False), named.get("scale"),
-                                   named["window"], named["softcap"], named["mask"])
+        params = _attention_params(
+            q, k, v, named.get("is_causal", False), named.get("scale"), named["window"], named["softcap"], named["mask"]
+        )
         dt = params["dtype"]
         # The score mask (the last tensor operand; :func:`kernel_masks` made it the
         # kernel's f32 [batch or 1, 1, q_len, kv_len]) goes last, after the recomputed
@@ -121,9 +133,15 @@ def kernel_call(node: torch.fx.Node) -> KernelCall:
         kv_heads, pages, page_size, _ = k_cache.shape
         dt = _DTYPES[q.dtype]
         params = {
-            "batch": b, "heads": h, "kv_heads": kv_heads, "head_dim": d, "page_size": page_size,
-            "num_pages": pages, "max_pages": args[3].shape[1],
-            "scale": "none" if scale is None else repr(float(scale)), "dtype": dt,
+            "batch": b,
+            "heads": h,
+            "kv_heads": kv_heads,
+            "head_dim": d,
+            "page_size": page_size,
+            "num_pages": pages,
+            "max_pages": args[3].shape[1],
+            "scale": "none" if scale is None else repr(float(scale)),
+            "dtype": dt,
         }
         # The kernel takes the scalar-prefetch operands (block_table, context_lens) first.
         ins = [(i, list(args[i].shape)) for i in (3, 4, 0, 1, 2)]
@@ -147,8 +165,11 @@ def kernel_masks(gm: torch.fx.GraphModule):
     nodes before it that XLA fuses; masks already in that form are left alone."""
     graph = gm.graph
     for node in list(graph.nodes):
-        if node.op != "call_function" or getattr(node.target, "namespace", None) != "tessera" \
-                or node.target._opname not in _ATTENTION:
+        if (
+            node.op != "call_function"
+            or getattr(node.target, "namespace", None) != "tessera"
+            or node.target._opname not in _ATTENTION
+        ):
             continue
         named = _named_args(node, list(node.args))
         mask = named["mask"]
@@ -160,10 +181,11 @@ def kernel_masks(gm: torch.fx.GraphModule):
         if m.dtype == torch.float32 and list(m.shape) == shape:
             continue
 
+        # Called within this iteration only: `node` and `m` are the current ones.
         def add(target, *args, **kwargs):
-            with graph.inserting_before(node):
+            with graph.inserting_before(node):  # noqa: B023
                 new = graph.call_function(target, args, kwargs)
-            with getattr(m, "fake_mode", None) or contextlib.nullcontext():
+            with getattr(m, "fake_mode", None) or contextlib.nullcontext():  # noqa: B023
                 new.meta["val"] = target(*[_val(a) if isinstance(a, torch.fx.Node) else a for a in args], **kwargs)
             new.meta["tensor_meta"] = _extract_tensor_metadata(new.meta["val"])
             return new
@@ -197,10 +219,15 @@ def _varlen_call(node: torch.fx.Node, name: str, args: list) -> KernelCall:
     scale = named.get("scale")
     dt = _DTYPES[q.dtype]
     params = {
-        "batch": named["cu_seqlens_q"].shape[0] - 1, "heads": h, "kv_heads": k.shape[0],
-        "total_q": total_q, "total_k": k.shape[1], "head_dim": d,
+        "batch": named["cu_seqlens_q"].shape[0] - 1,
+        "heads": h,
+        "kv_heads": k.shape[0],
+        "total_q": total_q,
+        "total_k": k.shape[1],
+        "head_dim": d,
         "causal": "true" if named.get("is_causal") else "false",
-        "scale": "none" if scale is None else repr(float(scale)), "dtype": dt,
+        "scale": "none" if scale is None else repr(float(scale)),
+        "dtype": dt,
     }
     if name == "varlen_attention_bwd":
         operands = ("q", "k", "v", "grad_out", "cu_seqlens_q", "cu_seqlens_k")
@@ -212,7 +239,7 @@ def _varlen_call(node: torch.fx.Node, name: str, args: list) -> KernelCall:
     return KernelCall("varlen_attention", params, ins, outs, [0] if name == "varlen_attention" else [0, 1])
 
 
-def lift_constants(gm: torch.fx.GraphModule) -> List[torch.Tensor]:
+def lift_constants(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
     """Turns tensor ``get_attr`` nodes into trailing inputs (torch-mlir would embed them
     as ``dense_resource`` constants, which XLA rejects); returns their values."""
     constants = []
@@ -241,7 +268,7 @@ def lift_constants(gm: torch.fx.GraphModule) -> List[torch.Tensor]:
     return constants
 
 
-def _parse_vtensor(torch_type: str) -> Tuple[List[int], str]:
+def _parse_vtensor(torch_type: str) -> tuple[list[int], str]:
     """Dims and builtin element type of a ``!torch.vtensor<[d0,d1],et>``."""
     m = re.fullmatch(r"!torch\.vtensor<\[([\d,]*)\],(\w+)>", torch_type)
     if not m or m.group(2) not in _ELEMENT:
@@ -281,14 +308,20 @@ def _custom_call(ir, call: KernelCall, operands, target: str):
     else:
         try:
             config, name = _tessera.tpu_custom_call_config(
-                call.kernel, [f"{k}={v}" for k, v in call.params.items()], len(call.inputs))
+                call.kernel, [f"{k}={v}" for k, v in call.params.items()], len(call.inputs)
+            )
         except ValueError as e:
             raise LoweringError(f"TPU: {e}") from None
 
         def layouts(shapes):
-            return ir.ArrayAttr.get([ir.Attribute.parse(
-                f"dense<[{', '.join(str(d) for d in reversed(range(len(s))))}]> : tensor<{len(s)}xindex>")
-                for s in shapes])
+            return ir.ArrayAttr.get(
+                [
+                    ir.Attribute.parse(
+                        f"dense<[{', '.join(str(d) for d in reversed(range(len(s))))}]> : tensor<{len(s)}xindex>"
+                    )
+                    for s in shapes
+                ]
+            )
 
         attributes = {
             "call_target_name": ir.StringAttr.get("tpu_custom_call"),
@@ -297,11 +330,10 @@ def _custom_call(ir, call: KernelCall, operands, target: str):
             "operand_layouts": layouts([s for _, s in call.inputs]),
             "result_layouts": layouts([s for s, _ in call.outputs]),
         }
-    return ir.Operation.create("stablehlo.custom_call", results=results, operands=operands,
-                               attributes=attributes)
+    return ir.Operation.create("stablehlo.custom_call", results=results, operands=operands, attributes=attributes)
 
 
-def _replace_operators(module, calls: List[KernelCall], target: str):
+def _replace_operators(module, calls: list[KernelCall], target: str):
     """Replaces the i-th ``torch.operator`` with the i-th custom call."""
     from torch_mlir import ir
 
@@ -326,15 +358,21 @@ def _replace_operators(module, calls: List[KernelCall], target: str):
                 value = cast.result
                 want = _tensor_type(shape, element)
                 if dims != list(shape):
-                    value = ir.Operation.create("stablehlo.reshape", results=[ir.Type.parse(want)], operands=[value]).result
+                    value = ir.Operation.create(
+                        "stablehlo.reshape", results=[ir.Type.parse(want)], operands=[value]
+                    ).result
                 operands.append(value)
             custom = _custom_call(ir, call, operands, target)
             for result, j in zip(o.results, call.results):
                 value = custom.results[j]
                 builtin = _builtin_type(str(result.type))
                 if str(value.type) != builtin:
-                    value = ir.Operation.create("stablehlo.reshape", results=[ir.Type.parse(builtin)], operands=[value]).result
-                back = ir.Operation.create("builtin.unrealized_conversion_cast", results=[result.type], operands=[value])
+                    value = ir.Operation.create(
+                        "stablehlo.reshape", results=[ir.Type.parse(builtin)], operands=[value]
+                    ).result
+                back = ir.Operation.create(
+                    "builtin.unrealized_conversion_cast", results=[result.type], operands=[value]
+                )
                 result.replace_all_uses_with(back.result)
         o.operation.erase()
 
@@ -351,22 +389,23 @@ def _rename_casts(text: str) -> str:
     for line in text.splitlines():
         if '"builtin.unrealized_conversion_cast"(' in line:
             to_builtin = ": (!torch.vtensor" in line
-            line = line.replace('"builtin.unrealized_conversion_cast"',
-                                '"torch_c.to_builtin_tensor"' if to_builtin else '"torch_c.from_builtin_tensor"')
+            line = line.replace(
+                '"builtin.unrealized_conversion_cast"',
+                '"torch_c.to_builtin_tensor"' if to_builtin else '"torch_c.from_builtin_tensor"',
+            )
         out.append(line)
     return "\n".join(out)
 
 
 def _stablehlo_pipeline(text: str) -> str:
     pipeline = "builtin.module(torch-backend-to-stablehlo-backend-pipeline{allow-non-finites=True})"
-    r = subprocess.run([_opt_binary(), f"-pass-pipeline={pipeline}"], input=text,
-                       capture_output=True, text=True)
+    r = subprocess.run([_opt_binary(), f"-pass-pipeline={pipeline}"], input=text, capture_output=True, text=True)
     if r.returncode != 0:
         raise LoweringError(_first_line_of_interest(r.stderr))
     return r.stdout
 
 
-def to_stablehlo(gm: torch.fx.GraphModule, target: str = "cpu", mesh: int = 1) -> Tuple[str, List[str]]:
+def to_stablehlo(gm: torch.fx.GraphModule, target: str = "cpu", mesh: int = 1) -> tuple[str, list[str]]:
     """The StableHLO text of a functional ATen graph whose inputs are all tensors, and
     the op name of each custom call in it (``KernelCall.label``). ``target`` is ``cpu`` (Tessera ops
     as ``tessera_op`` FFI calls) or ``tpu`` (as ``tpu_custom_call``s); for ``tpu`` with
@@ -380,8 +419,11 @@ def to_stablehlo(gm: torch.fx.GraphModule, target: str = "cpu", mesh: int = 1) -
 
     kernel_namespaces = {"tessera"} | library.namespaces()
     kernel_masks(gm)
-    calls = [kernel_call(n) for n in gm.graph.nodes
-             if n.op == "call_function" and getattr(n.target, "namespace", None) in kernel_namespaces]
+    calls = [
+        kernel_call(n)
+        for n in gm.graph.nodes
+        if n.op == "call_function" and getattr(n.target, "namespace", None) in kernel_namespaces
+    ]
     context = ir.Context()
     torch_d.register_dialect(context)
     diagnostics = []
@@ -429,8 +471,13 @@ def _sharded_dims(call: KernelCall, mesh: int):
     output (``None``: replicated) and the parameters of the local kernel; ``None`` when
     it does not split (it then runs whole on every device)."""
     p = dict(call.params)
-    if call.kernel in ("flash_attention", "flash_attention_bwd", "paged_attention",
-                       "varlen_attention", "varlen_attention_bwd"):
+    if call.kernel in (
+        "flash_attention",
+        "flash_attention_bwd",
+        "paged_attention",
+        "varlen_attention",
+        "varlen_attention_bwd",
+    ):
         if p["heads"] % mesh or p["kv_heads"] % mesh:
             return None
         p["heads"], p["kv_heads"] = p["heads"] // mesh, p["kv_heads"] // mesh
@@ -449,11 +496,13 @@ def _sharded_dims(call: KernelCall, mesh: int):
     return None
 
 
-_CALL = re.compile(r"^(\s*)(%[\w]+(?::\d+)?) = stablehlo\.custom_call @tpu_custom_call\((.*?)\) "
-                   r"\{backend_config = \"[^\"]*\", (.*)\} : \((.*?)\) -> (.*)$")
+_CALL = re.compile(
+    r"^(\s*)(%[\w]+(?::\d+)?) = stablehlo\.custom_call @tpu_custom_call\((.*?)\) "
+    r"\{backend_config = \"[^\"]*\", (.*)\} : \((.*?)\) -> (.*)$"
+)
 
 
-def _types(text: str) -> List[str]:
+def _types(text: str) -> list[str]:
     return re.findall(r"tensor<[^>]*>", text)
 
 
@@ -471,7 +520,7 @@ def _sharding(t: str, dim) -> str:
     return f"<@mesh, [{axes}]>"
 
 
-def shard_calls(text: str, calls: List[KernelCall], mesh: int) -> str:
+def shard_calls(text: str, calls: list[KernelCall], mesh: int) -> str:
     """Wraps each ``tpu_custom_call`` of ``calls`` (in order) that splits over ``mesh``
     devices in an ``sdy.manual_computation`` over the mesh axis ``model`` (what JAX's
     ``shard_map`` emits; custom calls cannot be partitioned automatically): its operands
@@ -500,7 +549,8 @@ def shard_calls(text: str, calls: List[KernelCall], mesh: int) -> str:
         local_out = [_local(t, d, mesh) for t, d in zip(out_t, outs)]
         try:
             config, name = _tessera.tpu_custom_call_config(
-                call.kernel, [f"{k}={v}" for k, v in params.items()], len(call.inputs))
+                call.kernel, [f"{k}={v}" for k, v in params.items()], len(call.inputs)
+            )
         except ValueError as e:
             raise LoweringError(f"TPU: {e}") from None
         args = [f"%shard{index}_{i}" for i in range(len(in_t))]
@@ -519,12 +569,13 @@ def shard_calls(text: str, calls: List[KernelCall], mesh: int) -> str:
             f"{indent}}} : ({', '.join(in_t)}) -> {wrap(out_t)}",
         ]
     text = "\n".join(out)
-    header = f'mhlo.num_partitions = {mesh} : i32, mhlo.num_replicas = 1 : i32'
+    header = f"mhlo.num_partitions = {mesh} : i32, mhlo.num_replicas = 1 : i32"
     mesh_op = f'  sdy.mesh @mesh = <["{MESH_AXIS}"={mesh}]>'
     if text.startswith("module {"):
         return text.replace("module {", f"module attributes {{{header}}} {{\n{mesh_op}", 1)
     return re.sub(r"^module attributes \{", f"module attributes {{{header}, ", text, count=1).replace(
-        "{\n", "{\n" + mesh_op + "\n", 1)
+        "{\n", "{\n" + mesh_op + "\n", 1
+    )
 
 
 def _escape(config: str) -> str:
@@ -586,6 +637,15 @@ def _first_line_of_interest(message: str) -> str:
 
 def element_name(dtype: torch.dtype) -> Optional[str]:
     """The runtime's element name of a torch dtype (None: not supported)."""
-    return {torch.float32: "f32", torch.float64: "f64", torch.bfloat16: "bf16", torch.float16: "f16",
-            torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8",
-            torch.uint8: "u8", torch.bool: "bool"}.get(dtype)
+    return {
+        torch.float32: "f32",
+        torch.float64: "f64",
+        torch.bfloat16: "bf16",
+        torch.float16: "f16",
+        torch.int64: "i64",
+        torch.int32: "i32",
+        torch.int16: "i16",
+        torch.int8: "i8",
+        torch.uint8: "u8",
+        torch.bool: "bool",
+    }.get(dtype)

@@ -24,7 +24,7 @@ Patterns:
 
 import operator
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -45,14 +45,16 @@ _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 class Report:
     """What the passes did to one graph."""
 
-    substituted: Dict[str, int] = field(default_factory=dict)  # tessera op -> count
-    skipped: Dict[str, str] = field(default_factory=dict)      # pattern -> why not
-    replaced: List[torch.fx.Node] = field(default_factory=list)  # operands of replaced nodes
+    substituted: dict[str, int] = field(default_factory=dict)  # tessera op -> count
+    skipped: dict[str, str] = field(default_factory=dict)  # pattern -> why not
+    replaced: list[torch.fx.Node] = field(default_factory=list)  # operands of replaced nodes
 
     def hit(self, op: str):
+        """Counts one substitution of ``op``."""
         self.substituted[op] = self.substituted.get(op, 0) + 1
 
     def miss(self, pattern: str, why: str):
+        """Records why ``pattern`` was not substituted."""
         self.skipped[pattern] = why
 
 
@@ -112,8 +114,14 @@ def _unrepeated_kv(n):
     if _is(n, {torch.repeat_interleave}, "repeat_interleave"):
         src, repeats, dim = n.args[0], _arg(n, 1, "repeats"), _arg(n, 2, "dim")
         sv, nv = _val(src), _val(n)
-        if dim == 1 and isinstance(repeats, int) and sv is not None and nv is not None and sv.dim() == 4 \
-                and nv.shape[1] == sv.shape[1] * repeats:
+        if (
+            dim == 1
+            and isinstance(repeats, int)
+            and sv is not None
+            and nv is not None
+            and sv.dim() == 4
+            and nv.shape[1] == sv.shape[1] * repeats
+        ):
             return src
         return None
     if not _is(n, {torch.reshape}, "reshape") and not _is(n, set(), "view"):
@@ -124,7 +132,10 @@ def _unrepeated_kv(n):
     unsqueezed = expand.args[0]
     full = slice(None)
     if _is(unsqueezed, {operator.getitem}) and unsqueezed.args[1] in (
-            (full, full, None), (full, full, None, Ellipsis), (full, full, None, full, full)):
+        (full, full, None),
+        (full, full, None, Ellipsis),
+        (full, full, None, full, full),
+    ):
         src = unsqueezed.args[0]
     elif _is(unsqueezed, {torch.unsqueeze}, "unsqueeze") and _arg(unsqueezed, 1, "dim") == 2:
         src = unsqueezed.args[0]
@@ -213,8 +224,7 @@ def _kernel_options(q, k, v, out, mask, is_causal, constants):
     return False, None, mask
 
 
-def sdpa_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-              enable_gqa=False):
+def sdpa_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     """Scaled-dot-product attention in plain ops (what an unsubstituted SDPA call becomes,
     so its forward and backward lower to StableHLO)."""
     sq, sk = query.shape[-2], key.shape[-2]
@@ -302,8 +312,10 @@ def _scaled_scores(s):
     if not _is(s, _MATMUL, "matmul") or len(s.args) != 2:
         return None
     q, kt = s.args
-    if not _is(kt, {torch.transpose}, "transpose") or sorted(
-            d % 4 for d in kt.args[1:3] if isinstance(d, int)) != [2, 3]:
+    if not _is(kt, {torch.transpose}, "transpose") or sorted(d % 4 for d in kt.args[1:3] if isinstance(d, int)) != [
+        2,
+        3,
+    ]:
         return None
     return q, kt.args[0], scale, softcap
 
@@ -425,8 +437,11 @@ def _hand_written_rms_norm(graph, report):
             continue
         eps = next((a for a in add.args if isinstance(a, float)), None)
         mean = _other(add, eps) if eps is not None else None
-        if not _is(mean, {torch.mean}, "mean") or _arg(mean, 1, "dim") not in (-1, [-1], (-1,)) \
-                or not _arg(mean, 2, "keepdim", False):
+        if (
+            not _is(mean, {torch.mean}, "mean")
+            or _arg(mean, 1, "dim") not in (-1, [-1], (-1,))
+            or not _arg(mean, 2, "keepdim", False)
+        ):
             continue
         sq = mean.args[0]
         if _is(sq, {torch.pow}, "pow") and sq.args[1] == 2:
@@ -453,8 +468,10 @@ def _hand_written_rms_norm(graph, report):
         if why is None and not _vector(w, _val(source).shape[-1]):
             why = "weight is not a [cols] vector"
         elif why is None and not (_val(w).dtype == _val(source).dtype == _val(final).dtype):
-            why = (f"weight dtype {_val(w).dtype}, input dtype {_val(source).dtype} and result dtype "
-                   f"{_val(final).dtype} differ")
+            why = (
+                f"weight dtype {_val(w).dtype}, input dtype {_val(source).dtype} and result dtype "
+                f"{_val(final).dtype} differ"
+            )
         elif why is None and _val(final).shape != _val(source).shape:
             why = "result shape differs from the input's"
         if why:
