@@ -306,7 +306,7 @@ fn pow_follows_c_and_stays_within_its_bound() {
         .grid([1])
         .input(ty.clone(), whole([rows, 64]))
         .input(ty.clone(), whole([rows, 64]))
-        .output(ty, whole([rows, 64]))
+        .output(ty.clone(), whole([rows, 64]))
         .build()
         .unwrap();
     for registers in Registers::ALL.into_iter().filter(|r| r.runs_here()) {
@@ -317,26 +317,46 @@ fn pow_follows_c_and_stays_within_its_bound() {
         ];
         let got = native.run(&k, &inputs).unwrap();
         for ((x, y), got) in xs.iter().zip(&ys).zip(got[0].as_f32().unwrap()) {
-            let want = (*x as f64).powf(*y as f64);
-            let ok = if want.is_nan() {
-                got.is_nan()
-            } else if (want as f32).is_infinite() {
-                *got == want as f32
-            } else if want.abs() < 2.5e-38 {
-                // exp flushes results under 2^-125 to 0.
-                got.abs() <= 2.5e-38 && (*got == 0.0 || got.signum() as f64 == want.signum())
-            } else {
-                let scale = (*y as f64 * (*x as f64).abs().ln()).abs();
-                let bound = 4.0 + if scale.is_nan() { 0.0 } else { scale };
-                ulps(*got, want) <= bound && got.is_sign_negative() == want.is_sign_negative()
-            };
-            assert!(
-                ok,
-                "pow({x:e}, {y:e}) = {got:e}, C says {want:e}: {} ulp ({registers:?})",
-                ulps(*got, want)
-            );
+            check_pow(*x, *y, *got, &format!("{registers:?}"));
         }
     }
+    // Constant exponents take their own path (the sign rule decided when compiling).
+    for c in [0.0, 1.0, 2.0, -1.0, 3.0, -3.0, 0.5, 1.5, -2.5, 10.0, 31.0] {
+        let k = pallas_call(move |x: Ref, o: Ref| o.write(x.read().pow(c)))
+            .grid([1])
+            .input(ty.clone(), whole([rows, 64]))
+            .output(ty.clone(), whole([rows, 64]))
+            .build()
+            .unwrap();
+        let inputs = [f32_array([rows, 64], xs.clone())];
+        let (got, _) = runtime::run(&k, &inputs, Backend::Native).unwrap();
+        for (x, got) in xs.iter().zip(got[0].as_f32().unwrap()) {
+            check_pow(*x, c as f32, *got, "a constant exponent");
+        }
+    }
+}
+
+/// `got = x^y` as C's `pow` has it: NaN, infinities and signs exactly, results under
+/// 2.5e-38 possibly flushed to 0, the rest within `4 + |y ln x|` ulp.
+fn check_pow(x: f32, y: f32, got: f32, case: &str) {
+    let want = (x as f64).powf(y as f64);
+    let ok = if want.is_nan() {
+        got.is_nan()
+    } else if (want as f32).is_infinite() {
+        got == want as f32
+    } else if want.abs() < 2.5e-38 {
+        // exp flushes results under 2^-125 to 0.
+        got.abs() <= 2.5e-38 && (got == 0.0 || got.signum() as f64 == want.signum())
+    } else {
+        let scale = (y as f64 * (x as f64).abs().ln()).abs();
+        let bound = 4.0 + if scale.is_nan() { 0.0 } else { scale };
+        ulps(got, want) <= bound && got.is_sign_negative() == want.is_sign_negative()
+    };
+    assert!(
+        ok,
+        "pow({x:e}, {y:e}) = {got:e}, C says {want:e}: {} ulp ({case})",
+        ulps(got, want)
+    );
 }
 
 /// A kernel that prints in a loop on a 2-d grid: an i32 scalar, f32 and bool tensors.

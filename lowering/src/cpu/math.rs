@@ -179,6 +179,82 @@ impl<'k> Emitter<'k> {
         self.assign(&format!("arith.select {keep}, {x}, {y} : {st}"))
     }
 
+    /// The number a value holds when it is a constant splat (`x.pow(1.5)`'s exponent).
+    fn known_constant(&self, v: &Val) -> Option<f64> {
+        let (Val::Splat(name) | Val::Scalar(name)) = v else {
+            return None;
+        };
+        self.consts
+            .iter()
+            .find(|((_, ty), c)| *c == name && ty == "f32")
+            .and_then(|((text, _), _)| text.parse().ok())
+    }
+
+    /// `x^c` for a constant `c`: 1, `x`, `x * x` and `1 / x` (correctly rounded) for 0,
+    /// 1, 2 and -1; otherwise [`Self::pow`]'s `exp(c log|x|)` with the sign rule decided
+    /// here (an odd integer keeps a negative base's sign, a fraction makes it NaN).
+    fn pow_constant(&mut self, x: &str, c: f64, width: u64) -> String {
+        let t = lanes_of("f32", width);
+        match c {
+            0.0 => return self.literal(DType::F32, 1.0, width),
+            1.0 => return x.to_string(),
+            2.0 => return self.assign(&format!("arith.mulf {x}, {x} : {t}")),
+            -1.0 => {
+                let one = self.literal(DType::F32, 1.0, width);
+                return self.assign(&format!("arith.divf {one}, {x} : {t}"));
+            }
+            _ if !c.is_finite() => {
+                let y = self.literal(DType::F32, c, width);
+                return self.pow(x, &y, width);
+            }
+            _ => {}
+        }
+        let st = select_type(width, &t);
+        let y = self.literal(DType::F32, c, width);
+        let ax = self.assign(&format!("math.absf {x} : {t}"));
+        let r = self.pow_magnitude(&ax, &y, width);
+        let zero = self.literal(DType::F32, 0.0, width);
+        if c.fract() != 0.0 {
+            // A negative finite base has no real power.
+            let (inf, nan) = (
+                self.literal(DType::F32, f64::INFINITY, width),
+                self.literal(DType::F32, f64::NAN, width),
+            );
+            let negative = self.assign(&format!("arith.cmpf olt, {x}, {zero} : {t}"));
+            let finite = self.assign(&format!("arith.cmpf one, {ax}, {inf} : {t}"));
+            let bad = self.assign(&format!(
+                "arith.andi {negative}, {finite} : {}",
+                lanes_of("i1", width)
+            ));
+            self.assign(&format!("arith.select {bad}, {nan}, {r} : {st}"))
+        } else if c % 2.0 != 0.0 {
+            // An odd power keeps the base's sign (also -0 and -inf).
+            let ti = lanes_of("i32", width);
+            let bits = self.assign(&format!("arith.bitcast {x} : {t} to {ti}"));
+            let k0 = self.literal(DType::I32, 0.0, width);
+            let sign = self.assign(&format!("arith.cmpi slt, {bits}, {k0} : {ti}"));
+            let minus_r = self.assign(&format!("arith.negf {r} : {t}"));
+            self.assign(&format!("arith.select {sign}, {minus_r}, {r} : {st}"))
+        } else {
+            r
+        }
+    }
+
+    /// `exp(y log ax)` for `ax >= 0`, the product's rounding error folded back in.
+    fn pow_magnitude(&mut self, ax: &str, y: &str, width: u64) -> String {
+        let t = lanes_of("f32", width);
+        let st = select_type(width, &t);
+        let l = self.log(ax, width);
+        let p = self.assign(&format!("arith.mulf {y}, {l} : {t}"));
+        let minus_p = self.assign(&format!("arith.negf {p} : {t}"));
+        let err = self.assign(&format!("math.fma {y}, {l}, {minus_p} : {t}"));
+        let r = self.exp(&p, width);
+        // r (1 + err); where r or the product is infinite that is NaN: r stays.
+        let corrected = self.assign(&format!("math.fma {r}, {err}, {r} : {t}"));
+        let number = self.assign(&format!("arith.cmpf ord, {corrected}, {corrected} : {t}"));
+        self.assign(&format!("arith.select {number}, {corrected}, {r} : {st}"))
+    }
+
     /// `x^y` as `exp(y log|x|)` in registers (the product's rounding error folded back
     /// in), with C's `powf` for the rest: a negative `x` takes the sign of an odd integer
     /// `y` and gives NaN for a non-integer one; `y = 0` or `x = 1` give 1, `|x| = 1`
@@ -189,15 +265,7 @@ impl<'k> Emitter<'k> {
         let st = select_type(width, &t);
         let c = |e: &mut Self, v: f64| e.literal(DType::F32, v, width);
         let ax = self.assign(&format!("math.absf {x} : {t}"));
-        let l = self.log(&ax, width);
-        let p = self.assign(&format!("arith.mulf {y}, {l} : {t}"));
-        let minus_p = self.assign(&format!("arith.negf {p} : {t}"));
-        let err = self.assign(&format!("math.fma {y}, {l}, {minus_p} : {t}"));
-        let r = self.exp(&p, width);
-        // r (1 + err); where r or the product is infinite that is NaN: r stays.
-        let corrected = self.assign(&format!("math.fma {r}, {err}, {r} : {t}"));
-        let number = self.assign(&format!("arith.cmpf ord, {corrected}, {corrected} : {t}"));
-        let r = self.assign(&format!("arith.select {number}, {corrected}, {r} : {st}"));
+        let r = self.pow_magnitude(&ax, y, width);
         // The sign of a negative base.
         let (zero, one, half, inf, nan) = (
             c(self, 0.0),
@@ -404,7 +472,10 @@ impl<'k> Emitter<'k> {
             OpKind::Binary { op, .. } => {
                 let (x, y) = (&a[0], &a[1]);
                 match (arith_binary(*op, float), float, op) {
-                    (_, true, BinaryOp::Pow) => self.pow(x, y, width),
+                    (_, true, BinaryOp::Pow) => match self.known_constant(&operands[1].0) {
+                        Some(c) => self.pow_constant(x, c, width),
+                        None => self.pow(x, y, width),
+                    },
                     (Some(name), ..) => self.assign(&format!("{name} {x}, {y} : {t}")),
                     (None, true, _) => float_rem(self, x, y, &t),
                     // Integers round toward -inf: `arith-expand` lowers `floordivsi`.
