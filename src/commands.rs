@@ -128,7 +128,7 @@ fn requested_backend(flag: Option<&str>) -> Result<Backend, Failure> {
 }
 
 fn debug_log(r: &Resolution) {
-    if std::env::var("TESSERA_LOG").is_ok_and(|v| v == "debug") {
+    if runtime::config::debug_log() {
         for f in &r.fallbacks {
             eprintln!("debug: skipped {f}");
         }

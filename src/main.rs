@@ -91,6 +91,8 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         out: Option<std::path::PathBuf>,
     },
+    /// Print every TESSERA_* environment variable: its value, default and what it does.
+    Config,
     /// Inspect or empty the on-disk compilation cache.
     Cache {
         #[command(subcommand)]
@@ -186,6 +188,10 @@ fn main() -> ExitCode {
             commands::run(&kernel, backend.as_deref(), &params.shape, seed)
         }
         Command::Demo => commands::demo(),
+        Command::Config => {
+            print!("{}", runtime::config::describe());
+            Ok(())
+        }
         Command::Lower {
             kernel,
             target,

@@ -93,6 +93,26 @@ fn small_shape(name: &str) -> &'static str {
     }
 }
 
+/// `tessera config` lists the variables with their values.
+#[test]
+fn config_lists_every_variable_with_its_value() {
+    let o = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .arg("config")
+        .env("TESSERA_BACKEND", "interp")
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let out = stdout(&o);
+    assert!(
+        out.contains("TESSERA_BACKEND=interp [default: auto]"),
+        "{out}"
+    );
+    assert!(
+        out.contains("TESSERA_GRAPH_SHAPES=(unset) [default: 8]"),
+        "{out}"
+    );
+}
+
 /// The element-wise sweep prints a row per op, each correct to a few ulp.
 #[test]
 fn bench_elementwise_times_every_op_against_a_copy() {

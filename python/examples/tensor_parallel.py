@@ -15,7 +15,6 @@ of such blocks split and whole for a few steps (the losses agree).
 
 import copy
 import math
-import os
 
 import torch
 import torch.distributed as dist
@@ -160,5 +159,4 @@ if __name__ == "__main__":
         print(f"GPT training losses, split {[round(x, 5) for x in split_losses]}")
         print(f"                     whole {[round(x, 5) for x in whole_losses]}")
     dist.destroy_process_group()
-    if os.environ.get("TESSERA_TP_STRICT", "1") == "1":
-        assert out_diff < 1e-4 and grad_diff < 1e-3, (out_diff, grad_diff)
+    assert out_diff < 1e-4 and grad_diff < 1e-3, (out_diff, grad_diff)

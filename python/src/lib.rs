@@ -766,6 +766,21 @@ fn current_backend() -> &'static str {
     torch_ops::backend().name()
 }
 
+/// Every `TESSERA_*` variable: `(name, default, doc)` (`runtime::config`).
+#[pyfunction]
+fn config_variables() -> Vec<(&'static str, &'static str, &'static str)> {
+    runtime::config::Var::ALL
+        .iter()
+        .map(|v| (v.name(), v.default(), v.doc()))
+        .collect()
+}
+
+/// The variables with their current values, as `tessera config` prints them.
+#[pyfunction]
+fn describe_config() -> String {
+    runtime::config::describe()
+}
+
 /// The backend a kernel would run on, and why better ones were skipped.
 #[pyfunction]
 #[pyo3(signature = (kernel, params, backend = "auto"))]
@@ -822,6 +837,8 @@ pub(crate) mod launches {
 fn _tessera(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run, m)?)?;
     m.add_function(wrap_pyfunction!(explain, m)?)?;
+    m.add_function(wrap_pyfunction!(config_variables, m)?)?;
+    m.add_function(wrap_pyfunction!(describe_config, m)?)?;
     m.add_function(wrap_pyfunction!(op_schemas, m)?)?;
     m.add_function(wrap_pyfunction!(register_cpu_kernels, m)?)?;
     m.add_function(wrap_pyfunction!(set_backend, m)?)?;

@@ -21,7 +21,7 @@ from typing import Optional
 
 import torch
 
-from . import _tessera
+from . import _tessera, config
 
 __all__ = [
     "backend",
@@ -85,7 +85,7 @@ _tessera.register_cpu_kernels(os.path.join(os.path.dirname(torch.__file__), "lib
 # torch.set_num_threads), which PyTorch keeps spinning between its ops: Tessera's own
 # threads would compete with them for the cores. TESSERA_THREAD_POOL=tessera keeps
 # Tessera's threads (for comparison).
-if os.environ.get("TESSERA_THREAD_POOL", "openmp") != "tessera":
+if config.get("TESSERA_THREAD_POOL", "openmp") != "tessera":
     try:
         _tessera.use_torch_threads()
     except RuntimeError as _e:  # a PyTorch built without OpenMP: Tessera's own threads
@@ -578,7 +578,7 @@ def autograd_kernels() -> str:
 _autograd_kernels = "python"
 # The release the native kernels must have been built for (`2.13.0`, no local tag).
 _TORCH_RELEASE = torch.__version__.split("+")[0]
-if os.environ.get("TESSERA_NATIVE_AUTOGRAD", "1") != "0":
+if config.get("TESSERA_NATIVE_AUTOGRAD", "1") != "0":
     try:
         if _tessera.register_native_autograd(_PYTHON_AUTOGRAD, _TORCH_RELEASE):
             _autograd_kernels = "native"

@@ -1,7 +1,8 @@
 """``python -m tessera export MODULE:FUNCTION [--target tpu|cpu] [--out FILE]``: writes the
 whole-model StableHLO of the model that ``FUNCTION()`` returns as ``(model,
 example_args)`` (see ``tessera.export``). ``MODULE`` is imported from the current
-directory or ``sys.path``; ``--path DIR`` adds a directory first."""
+directory or ``sys.path``; ``--path DIR`` adds a directory first.
+``python -m tessera config`` lists every ``TESSERA_*`` variable with its value."""
 
 import argparse
 import importlib
@@ -18,7 +19,13 @@ def main(argv=None) -> int:
     e.add_argument("--out", help="output file (default: standard output)")
     e.add_argument("--mesh", type=int, default=1, help="TPU devices to shard over (one mesh axis)")
     e.add_argument("--path", action="append", default=[], help="a directory to import MODULE from")
+    sub.add_parser("config", help="list every TESSERA_* variable with its value, default and what it does")
     args = p.parse_args(argv)
+    if args.command == "config":
+        import tessera
+
+        print(tessera.config.describe(), end="")
+        return 0
     sys.path[:0] = args.path
     module, _, function = args.model.partition(":")
     if not function:

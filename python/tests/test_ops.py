@@ -571,16 +571,16 @@ def test_varlen_attention_runs_in_place_with_its_plan_derived_on_the_host(capfd,
         close(got, exp, torch.float32)
 
 
-TESSERA_CLI = os.path.join(os.path.dirname(__file__), "..", "..", "target", "release", "tessera")
+CLI_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "target", "release", "tessera")
 
 
-@pytest.mark.skipif(not os.path.exists(TESSERA_CLI), reason="the tessera CLI is built by `make test`")
+@pytest.mark.skipif(not os.path.exists(CLI_PATH), reason="the tessera CLI is built by `make test`")
 def test_torch_ops_run_with_the_blocks_tessera_tune_stored(tmp_path):
     # A fresh process per step: ops read the store once per op shape (then memoized).
     env = {**os.environ, "TESSERA_CACHE_DIR": str(tmp_path), "TESSERA_LOG": "debug"}
     env.pop("TESSERA_BACKEND", None)
     tune = subprocess.run(
-        [TESSERA_CLI, "tune", "softmax", "--shape", "rows=16,cols=64", "--runs", "2"],
+        [CLI_PATH, "tune", "softmax", "--shape", "rows=16,cols=64", "--runs", "2"],
         env=env,
         capture_output=True,
         text=True,

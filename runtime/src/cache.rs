@@ -76,7 +76,7 @@ pub struct Cache<C: Compiler> {
 
 /// The default disk-tier directory: `$TESSERA_CACHE_DIR`, else the user cache dir.
 pub fn default_dir() -> Option<PathBuf> {
-    if let Some(d) = std::env::var_os("TESSERA_CACHE_DIR").filter(|d| !d.is_empty()) {
+    if let Some(d) = crate::config::Var::CacheDir.get() {
         return Some(PathBuf::from(d));
     }
     let base = std::env::var_os("XDG_CACHE_HOME")
@@ -291,8 +291,8 @@ pub fn encode_entry(key: &[u8; 32], payload: &[u8]) -> Vec<u8> {
 
 /// Delay between the two halves of an entry's write, for the kill-a-writer test.
 fn write_delay() -> Option<std::time::Duration> {
-    std::env::var("TESSERA_CACHE_WRITE_DELAY_MS")
-        .ok()
+    crate::config::Var::CacheWriteDelayMs
+        .get()
         .and_then(|v| v.parse().ok())
         .map(std::time::Duration::from_millis)
 }

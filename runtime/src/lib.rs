@@ -10,6 +10,7 @@ use std::fmt;
 use std::str::FromStr;
 
 pub mod cache;
+pub mod config;
 #[cfg(all(tessera_pjrt, tessera_xla_ffi))]
 pub mod custom_call;
 #[cfg(feature = "native")]
@@ -93,7 +94,7 @@ fn native_unavailable(kernel: &Kernel) -> Option<String> {
 /// CPU's own.
 pub fn native_registers() -> Result<lowering::cpu::Registers, String> {
     use lowering::cpu::Registers;
-    let Ok(name) = std::env::var("TESSERA_NATIVE_REGISTERS") else {
+    let Some(name) = config::Var::NativeRegisters.get() else {
         return Ok(Registers::host());
     };
     match Registers::named(&name) {
@@ -165,16 +166,13 @@ pub struct Resolution {
 
 /// The backend requested by `TESSERA_BACKEND`, if set.
 pub fn backend_from_env() -> Result<Option<Backend>, Error> {
-    match std::env::var("TESSERA_BACKEND") {
-        Ok(v) if !v.is_empty() => v.parse().map(Some),
-        _ => Ok(None),
-    }
+    config::Var::Backend.get().map(|v| v.parse()).transpose()
 }
 
 /// Prints a line on stderr when `TESSERA_LOG=debug` (how executables were obtained,
 /// which path a call took); `message` is only built then.
 pub(crate) fn debug(message: impl FnOnce() -> String) {
-    if std::env::var("TESSERA_LOG").is_ok_and(|v| v == "debug") {
+    if config::debug_log() {
         eprintln!("debug: {}", message());
     }
 }
@@ -183,7 +181,7 @@ pub(crate) fn debug(message: impl FnOnce() -> String) {
 /// and outputs with NaN before running, so reads of unwritten data show in the results.
 fn interpreter_options() -> InterpretOptions {
     InterpretOptions {
-        poison_uninitialized: std::env::var("TESSERA_INTERP_POISON").is_ok_and(|v| v == "1"),
+        poison_uninitialized: config::Var::InterpPoison.is("1"),
         ..InterpretOptions::default()
     }
 }

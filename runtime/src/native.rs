@@ -40,7 +40,9 @@ const PIPELINE: &str = "builtin.module(arith-expand,convert-scf-to-cf,\
 /// The pass pipeline: [`PIPELINE`], or `$TESSERA_NATIVE_PIPELINE` to experiment with
 /// (part of the cache key).
 fn pipeline() -> String {
-    std::env::var("TESSERA_NATIVE_PIPELINE").unwrap_or_else(|_| PIPELINE.to_string())
+    crate::config::Var::NativePipeline
+        .get()
+        .unwrap_or_else(|| PIPELINE.to_string())
 }
 
 /// LLVM optimisation level of the JIT.

@@ -357,7 +357,7 @@ impl Store {
 /// dropped with a warning). `TESSERA_LOG=debug` says which.
 pub fn lookup(kernel: &str, problem: &str, target: TuneTarget) -> Option<Tuned> {
     let what = || format!("{kernel} {problem} on {target}");
-    if std::env::var("TESSERA_TUNE").is_ok_and(|v| v == "off") {
+    if crate::config::Var::Tune.is("off") {
         crate::debug(|| format!("TESSERA_TUNE=off: default blocks for {}", what()));
         return None;
     }

@@ -48,7 +48,8 @@ pub struct Xla {
 
 /// The plugin file: `$TESSERA_PJRT_PLUGIN`, else the one `make setup` installed.
 pub fn plugin_path() -> PathBuf {
-    std::env::var_os("TESSERA_PJRT_PLUGIN")
+    crate::config::Var::PjrtPlugin
+        .get()
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("TESSERA_DEFAULT_PJRT_PLUGIN")))
 }

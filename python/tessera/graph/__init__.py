@@ -22,7 +22,6 @@ compiled for each shape it is called with, up to a bound.
 import copy
 import itertools
 import os
-import sys
 import time
 import warnings
 
@@ -31,7 +30,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-from .. import _tessera, library
+from .. import _tessera, config, library
 from ..trace import record_fallback
 from . import decompositions, lower, patterns
 from .lower import LoweringError
@@ -83,15 +82,14 @@ def reset_graph_stats() -> None:
 
 
 def _debug(message: str) -> None:
-    if os.environ.get("TESSERA_LOG") == "debug":
-        print(f"debug: tessera graph: {message}", file=sys.stderr)
+    config.debug(f"graph: {message}")
 
 
 def _fallback(what: str, reason: str) -> None:
     """Records that ``what`` runs eagerly; warns once; raises under strict mode."""
     _stats["fallbacks"][what] = reason
     record_fallback(what, reason)
-    if os.environ.get("TESSERA_GRAPH_STRICT") == "1":
+    if config.get("TESSERA_GRAPH_STRICT") == "1":
         raise GraphModeError(f"tessera graph mode: {what}: {reason}")
     if (what, reason) not in _warned:
         _warned.add((what, reason))
@@ -99,7 +97,7 @@ def _fallback(what: str, reason: str) -> None:
 
 
 def _dump(name: str, text: str) -> None:
-    directory = os.environ.get("TESSERA_DUMP")
+    directory = config.get("TESSERA_DUMP")
     if not directory:
         return
     os.makedirs(directory, exist_ok=True)
@@ -317,7 +315,7 @@ COMPILERS = ("inductor", "xla")
 def _compiler(options) -> str:
     """The compiler after substitution: ``options={"compiler": ...}`` of
     ``torch.compile``, else ``TESSERA_GRAPH_COMPILER``, else ``inductor``."""
-    name = (options or {}).get("compiler") or os.environ.get("TESSERA_GRAPH_COMPILER") or "inductor"
+    name = (options or {}).get("compiler") or config.get("TESSERA_GRAPH_COMPILER", "inductor")
     if name not in COMPILERS:
         raise GraphModeError(f"compiler {name!r}: expected one of {', '.join(COMPILERS)}")
     unknown = set(options or {}) - {"compiler"}
@@ -373,7 +371,7 @@ def _static(gm: torch.fx.GraphModule, example_inputs, name: str, compiler: str):
 
 
 def _max_shapes() -> int:
-    value = os.environ.get("TESSERA_GRAPH_SHAPES", "8")
+    value = config.get("TESSERA_GRAPH_SHAPES", "8")
     try:
         return max(int(value), 0)
     except ValueError:

@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
-from .. import _DTYPES, _attention_mask, _attention_params, _tessera, library
+from .. import _DTYPES, _attention_mask, _attention_params, _tessera, config, library
 
 TARGET = "tessera_op"
 # The custom call `op` of user library ops (the runner finds them by namespace).
@@ -617,7 +617,7 @@ def _stable_constants(text: str) -> str:
 def _first_line_of_interest(message: str) -> str:
     """The op torch-mlir could not lower, or its first error line (all of torch-mlir's
     diagnostics go to stderr under ``TESSERA_LOG=debug``)."""
-    if os.environ.get("TESSERA_LOG") == "debug":
+    if config.debug_log():
         print(message, file=sys.stderr)
     names = []
     for m in re.finditer(r"failed to legalize operation '([\w.]+)'(.*)", message):
