@@ -766,6 +766,14 @@ fn current_backend() -> &'static str {
     torch_ops::backend().name()
 }
 
+/// The problem `tessera tune` stores library op `kernel`'s blocks under for `params`
+/// (`name=value` items): its parameters with defaults filled, without the tunable ones.
+#[pyfunction]
+fn tuning_problem(kernel: &str, params: Vec<String>) -> PyResult<String> {
+    let (op, p) = library_op(kernel, &params).map_err(PyValueError::new_err)?;
+    Ok(kernels::tuning::problem(op, &p))
+}
+
 /// Every `TESSERA_*` variable: `(name, default, doc)` (`runtime::config`).
 #[pyfunction]
 fn config_variables() -> Vec<(&'static str, &'static str, &'static str)> {
@@ -838,6 +846,7 @@ fn _tessera(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run, m)?)?;
     m.add_function(wrap_pyfunction!(explain, m)?)?;
     m.add_function(wrap_pyfunction!(config_variables, m)?)?;
+    m.add_function(wrap_pyfunction!(tuning_problem, m)?)?;
     m.add_function(wrap_pyfunction!(describe_config, m)?)?;
     m.add_function(wrap_pyfunction!(op_schemas, m)?)?;
     m.add_function(wrap_pyfunction!(register_cpu_kernels, m)?)?;

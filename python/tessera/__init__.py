@@ -252,8 +252,7 @@ def _attention_params(q, k, v, is_causal, scale, window=None, softcap=None, mask
     b, h, sq, d = q.shape
     if d == 0:
         raise ValueError("query: head_dim must be at least 1")
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    if not math.isfinite(scale):
+    if scale is not None and not math.isfinite(float(scale)):
         raise ValueError(f"scale: expected a finite number, got {scale}")
     return {
         "batch": b,
@@ -263,7 +262,9 @@ def _attention_params(q, k, v, is_causal, scale, window=None, softcap=None, mask
         "kv_len": k.shape[2],
         "head_dim": d,
         "causal": "true" if is_causal else "false",
-        "scale": repr(scale),
+        # As the eager op passes it (the kernel's default is 1/sqrt(head_dim)), so both
+        # find the same blocks `tessera tune` stored.
+        "scale": "none" if scale is None else repr(float(scale)),
         "dtype": _DTYPES[q.dtype],
         "window": "none" if window is None else int(window),
         "softcap": "none" if softcap is None else repr(float(softcap)),

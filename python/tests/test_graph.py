@@ -617,3 +617,31 @@ def test_export_command_line(tmp_path):
         timeout=300,
     )
     assert r.returncode == 2 and "cannot load models:nope" in r.stderr
+
+
+def test_graph_mode_and_eager_attention_look_up_the_same_tuned_blocks(xla_path):
+    # The XLA path writes the kernel's parameters itself: with the scale left to the
+    # kernel (None) they name the same problem as the eager op, so both find the blocks
+    # `tessera tune` stored for it.
+    q, k, v = torch.randn(1, 4, 40, 16), torch.randn(1, 2, 40, 16), torch.randn(1, 2, 40, 16)
+
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).sin()
+
+    def problems(f):
+        with torch.no_grad():
+            f(q, k, v)  # compiled outside the launch trace
+            was_on = tessera._tessera.trace_launches(True)
+            tessera._tessera.take_launches()
+            try:
+                f(q, k, v)
+            finally:
+                tessera._tessera.trace_launches(was_on)
+        launches = [launch.split(" ", 1) for launch in tessera._tessera.take_launches()]
+        launches = [(kernel, params) for kernel, params in launches if kernel == "flash_attention"]
+        assert launches
+        return {tessera._tessera.tuning_problem(kernel, params.split(",")) for kernel, params in launches}
+
+    eager = problems(lambda q, k, v: torch.ops.tessera.flash_attention(q, k, v, is_causal=True)[0].sin())
+    graph = problems(compiled(attend))
+    assert graph == eager and "scale=none" in next(iter(eager)), (graph, eager)
