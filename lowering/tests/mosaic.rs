@@ -29,10 +29,10 @@ fn python() -> Option<PathBuf> {
 }
 
 fn run_checker(python: &Path, args: &[&str]) -> String {
-    // libtpu allows one process at a time (its lockfile): compiles take turns.
+    // libtpu allows one process at a time (its lockfile), and every mode of the checker
+    // may load it (JAX initialises its backends): the runs take turns.
     static LIBTPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _turn = (args.first() == Some(&"--compile"))
-        .then(|| LIBTPU.lock().unwrap_or_else(|e| e.into_inner()));
+    let _turn = LIBTPU.lock().unwrap_or_else(|e| e.into_inner());
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/check_mosaic.py");
     let out = Command::new(python)
         .arg(script)
