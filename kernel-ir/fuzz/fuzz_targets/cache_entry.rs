@@ -10,6 +10,10 @@ use libfuzzer_sys::fuzz_target;
 #[allow(dead_code)]
 #[path = "../../../runtime/src/cache.rs"]
 mod cache;
+// What the cache reads its settings through (plain std).
+#[allow(dead_code)]
+#[path = "../../../runtime/src/config.rs"]
+mod config;
 
 fuzz_target!(|data: &[u8]| {
     let key = [7u8; 32];
