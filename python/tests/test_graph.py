@@ -553,69 +553,19 @@ def test_cpu_export_is_the_module_graph_mode_runs():
 
 
 def test_export_command_line(tmp_path):
+    def export(model, *args):
+        command = [sys.executable, "-m", "tessera", "export", model, "--path", str(EXAMPLES), *args]
+        return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
     out = tmp_path / "llama.mlir"
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tessera",
-            "export",
-            "models:llama_for_export",
-            "--path",
-            str(EXAMPLES),
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = export("models:llama_for_export", "--out", str(out))
     assert r.returncode == 0, r.stderr[-2000:]
     assert "wrote" in r.stderr and out.read_text().count("@tpu_custom_call") == 9
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tessera",
-            "export",
-            "models:llama_for_export",
-            "--path",
-            str(EXAMPLES),
-            "--out",
-            str(out),
-            "--mesh",
-            "2",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = export("models:llama_for_export", "--out", str(out), "--mesh", "2")
     assert r.returncode == 0 and out.read_text().count("sdy.manual_computation") == 9, r.stderr[-2000:]
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tessera",
-            "export",
-            "models:llama_for_export",
-            "--path",
-            str(EXAMPLES),
-            "--target",
-            "cpu",
-            "--mesh",
-            "2",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = export("models:llama_for_export", "--target", "cpu", "--mesh", "2")
     assert r.returncode == 1 and "mesh must be a device count" in r.stderr, r.stderr[-2000:]
-    r = subprocess.run(
-        [sys.executable, "-m", "tessera", "export", "models:nope", "--path", str(EXAMPLES)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = export("models:nope")
     assert r.returncode == 2 and "cannot load models:nope" in r.stderr
 
 

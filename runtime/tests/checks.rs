@@ -2,6 +2,9 @@
 //! the message and the values, alike on the interpreter, the native backend and XLA
 //! (where checks are outputs read after the run); a check that holds changes nothing.
 
+mod common;
+
+use common::compiled_backends;
 use kernel_ir::dsl::prelude::*;
 use kernel_ir::ops::CheckFailure;
 use kernel_ir::{Array, CheckKind, RunError};
@@ -11,18 +14,11 @@ const ROWS: u64 = 30;
 
 /// The backends that run checks: the interpreter, native, and XLA where it is installed.
 fn backends() -> Vec<Backend> {
-    std::env::set_var(
-        "TESSERA_CACHE_DIR",
-        std::env::temp_dir().join("tessera-checks-test-cache"),
-    );
-    let mut backends = vec![Backend::Interp, Backend::Native];
-    match Backend::Xla.unavailable_because(&pick_kernel()) {
-        None => backends.push(Backend::Xla),
-        Some(reason) => assert!(
-            std::env::var_os("TESSERA_REQUIRE_XLA").is_none(),
-            "{reason}"
-        ),
-    }
+    let mut backends = vec![Backend::Interp];
+    backends.extend(compiled_backends(
+        &pick_kernel(),
+        "tessera-checks-test-cache",
+    ));
     backends
 }
 const CLASSES: i32 = 10;

@@ -1,6 +1,9 @@
 //! Every op of the IR (`kernel_ir::testing::op_zoo`), including those no library kernel
 //! uses, on the native and XLA backends against the interpreter.
 
+mod common;
+
+use common::compiled_backends;
 use kernel_ir::testing::op_zoo;
 use kernel_ir::{interpret, InterpretOptions};
 use runtime::Backend;
@@ -49,18 +52,7 @@ fn every_op_matches_the_interpreter_on_xla() {
 /// input is refused before running, naming the program and the ref, on every backend.
 #[test]
 fn scalar_prefetch_places_the_same_blocks_on_every_backend() {
-    std::env::set_var(
-        "TESSERA_CACHE_DIR",
-        std::env::temp_dir().join("tessera-ops-test-cache"),
-    );
-    let mut backends = vec![Backend::Native];
-    match Backend::Xla.unavailable_because(&op_zoo()) {
-        None => backends.push(Backend::Xla),
-        Some(reason) => assert!(
-            std::env::var_os("TESSERA_REQUIRE_XLA").is_none(),
-            "{reason}"
-        ),
-    }
+    let backends = compiled_backends(&op_zoo(), "tessera-ops-test-cache");
     for (in_blocks, table, rows, cols) in [
         (4u64, vec![3, 0, 0, 2, 1], 8u64, 16u64),
         (1, vec![0], 1, 1),
@@ -103,18 +95,8 @@ fn scalar_prefetch_places_the_same_blocks_on_every_backend() {
 fn take_along_axis_matches_a_reference_on_every_backend() {
     use kernel_ir::dsl::prelude::*;
     use kernel_ir::Array;
-    std::env::set_var(
-        "TESSERA_CACHE_DIR",
-        std::env::temp_dir().join("tessera-ops-test-cache"),
-    );
-    let mut backends = vec![Backend::Interp, Backend::Native];
-    match Backend::Xla.unavailable_because(&op_zoo()) {
-        None => backends.push(Backend::Xla),
-        Some(reason) => assert!(
-            std::env::var_os("TESSERA_REQUIRE_XLA").is_none(),
-            "{reason}"
-        ),
-    }
+    let mut backends = vec![Backend::Interp];
+    backends.extend(compiled_backends(&op_zoo(), "tessera-ops-test-cache"));
     // (rows, cols, picks per row, block rows); row gathers stay inside whole blocks.
     for (rows, cols, picks, bm) in [
         (16u64, 8u64, 3u64, 8u64),

@@ -209,35 +209,62 @@ impl<'k> Emitter<'k> {
             }
             _ => {}
         }
-        let st = select_type(width, &t);
         let y = self.literal(DType::F32, c, width);
         let ax = self.assign(&format!("math.absf {x} : {t}"));
         let r = self.pow_magnitude(&ax, &y, width);
-        let zero = self.literal(DType::F32, 0.0, width);
         if c.fract() != 0.0 {
-            // A negative finite base has no real power.
-            let (inf, nan) = (
-                self.literal(DType::F32, f64::INFINITY, width),
-                self.literal(DType::F32, f64::NAN, width),
-            );
-            let negative = self.assign(&format!("arith.cmpf olt, {x}, {zero} : {t}"));
-            let finite = self.assign(&format!("arith.cmpf one, {ax}, {inf} : {t}"));
-            let bad = self.assign(&format!(
-                "arith.andi {negative}, {finite} : {}",
-                lanes_of("i1", width)
-            ));
-            self.assign(&format!("arith.select {bad}, {nan}, {r} : {st}"))
+            let bad = self.negative_finite(x, &ax, width);
+            self.nan_where(&bad, &r, width)
         } else if c % 2.0 != 0.0 {
             // An odd power keeps the base's sign (also -0 and -inf).
-            let ti = lanes_of("i32", width);
-            let bits = self.assign(&format!("arith.bitcast {x} : {t} to {ti}"));
-            let k0 = self.literal(DType::I32, 0.0, width);
-            let sign = self.assign(&format!("arith.cmpi slt, {bits}, {k0} : {ti}"));
-            let minus_r = self.assign(&format!("arith.negf {r} : {t}"));
-            self.assign(&format!("arith.select {sign}, {minus_r}, {r} : {st}"))
+            let sign = self.sign_bit(x, width);
+            self.negate_where(&sign, &r, width)
         } else {
             r
         }
+    }
+
+    /// Lanes of `x` (`ax` its magnitude) that are negative and finite: a negative base
+    /// with no real power for a fractional exponent.
+    fn negative_finite(&mut self, x: &str, ax: &str, width: u64) -> String {
+        let t = lanes_of("f32", width);
+        let zero = self.literal(DType::F32, 0.0, width);
+        let inf = self.literal(DType::F32, f64::INFINITY, width);
+        let negative = self.assign(&format!("arith.cmpf olt, {x}, {zero} : {t}"));
+        let finite = self.assign(&format!("arith.cmpf one, {ax}, {inf} : {t}"));
+        self.mask_and(&negative, &finite, width)
+    }
+
+    /// Lanes of `x` with the sign bit set (-0 and -NaN included).
+    fn sign_bit(&mut self, x: &str, width: u64) -> String {
+        let (t, ti) = (lanes_of("f32", width), lanes_of("i32", width));
+        let bits = self.assign(&format!("arith.bitcast {x} : {t} to {ti}"));
+        let k0 = self.literal(DType::I32, 0.0, width);
+        self.assign(&format!("arith.cmpi slt, {bits}, {k0} : {ti}"))
+    }
+
+    fn mask_and(&mut self, a: &str, b: &str, width: u64) -> String {
+        self.assign(&format!("arith.andi {a}, {b} : {}", lanes_of("i1", width)))
+    }
+
+    /// `-r` where `mask`, else `r`.
+    fn negate_where(&mut self, mask: &str, r: &str, width: u64) -> String {
+        let t = lanes_of("f32", width);
+        let minus_r = self.assign(&format!("arith.negf {r} : {t}"));
+        self.assign(&format!(
+            "arith.select {mask}, {minus_r}, {r} : {}",
+            select_type(width, &t)
+        ))
+    }
+
+    /// NaN where `mask`, else `r`.
+    fn nan_where(&mut self, mask: &str, r: &str, width: u64) -> String {
+        let t = lanes_of("f32", width);
+        let nan = self.literal(DType::F32, f64::NAN, width);
+        self.assign(&format!(
+            "arith.select {mask}, {nan}, {r} : {}",
+            select_type(width, &t)
+        ))
     }
 
     /// `exp(y log ax)` for `ax >= 0`, the product's rounding error folded back in.
@@ -258,62 +285,44 @@ impl<'k> Emitter<'k> {
     /// `x^y` as `exp(y log|x|)` in registers (the product's rounding error folded back
     /// in), with C's `powf` for the rest: a negative `x` takes the sign of an odd integer
     /// `y` and gives NaN for a non-integer one; `y = 0` or `x = 1` give 1, `|x| = 1`
-    /// with an infinite `y` gives 1, and `y = 1` gives `x`. Within `4 + |y ln x|` ulp (the log's error scaled by
-    /// the exponent; tested against C's `pow`).
+    /// with an infinite `y` gives 1, and `y = 1` gives `x`. Within `4 + |y ln x|` ulp
+    /// (the log's error scaled by the exponent; tested against C's `pow`).
     fn pow(&mut self, x: &str, y: &str, width: u64) -> String {
-        let (t, ti) = (lanes_of("f32", width), lanes_of("i32", width));
+        let t = lanes_of("f32", width);
         let st = select_type(width, &t);
         let c = |e: &mut Self, v: f64| e.literal(DType::F32, v, width);
         let ax = self.assign(&format!("math.absf {x} : {t}"));
         let r = self.pow_magnitude(&ax, y, width);
         // The sign of a negative base.
-        let (zero, one, half, inf, nan) = (
+        let (zero, one, half, inf) = (
             c(self, 0.0),
             c(self, 1.0),
             c(self, 0.5),
             c(self, f64::INFINITY),
-            c(self, f64::NAN),
         );
         let floor_y = self.assign(&format!("math.floor {y} : {t}"));
         let integer = self.assign(&format!("arith.cmpf oeq, {floor_y}, {y} : {t}"));
         let half_y = self.assign(&format!("arith.mulf {y}, {half} : {t}"));
         let floor_half = self.assign(&format!("math.floor {half_y} : {t}"));
         let even = self.assign(&format!("arith.cmpf oeq, {floor_half}, {half_y} : {t}"));
-        let bits = self.assign(&format!("arith.bitcast {x} : {t} to {ti}"));
-        let k0 = self.literal(DType::I32, 0.0, width);
-        let sign_bit = self.assign(&format!("arith.cmpi slt, {bits}, {k0} : {ti}"));
+        let sign_bit = self.sign_bit(x, width);
         let odd = self.assign(&format!(
             "arith.xori {integer}, {even} : {}",
             lanes_of("i1", width)
         ));
-        let negate = self.assign(&format!(
-            "arith.andi {sign_bit}, {odd} : {}",
-            lanes_of("i1", width)
-        ));
-        let minus_r = self.assign(&format!("arith.negf {r} : {t}"));
-        let r = self.assign(&format!("arith.select {negate}, {minus_r}, {r} : {st}"));
-        let negative = self.assign(&format!("arith.cmpf olt, {x}, {zero} : {t}"));
-        let finite_x = self.assign(&format!("arith.cmpf one, {ax}, {inf} : {t}"));
+        let negate = self.mask_and(&sign_bit, &odd, width);
+        let r = self.negate_where(&negate, &r, width);
         let fraction = self.assign(&format!("arith.cmpf une, {floor_y}, {y} : {t}"));
-        let bad = self.assign(&format!(
-            "arith.andi {negative}, {finite_x} : {}",
-            lanes_of("i1", width)
-        ));
-        let bad = self.assign(&format!(
-            "arith.andi {bad}, {fraction} : {}",
-            lanes_of("i1", width)
-        ));
-        let r = self.assign(&format!("arith.select {bad}, {nan}, {r} : {st}"));
+        let negative_finite = self.negative_finite(x, &ax, width);
+        let bad = self.mask_and(&negative_finite, &fraction, width);
+        let r = self.nan_where(&bad, &r, width);
         // 1 for y = 0, x = 1, and |x| = 1 with y = +-inf.
         let y_zero = self.assign(&format!("arith.cmpf oeq, {y}, {zero} : {t}"));
         let x_one = self.assign(&format!("arith.cmpf oeq, {x}, {one} : {t}"));
         let ay = self.assign(&format!("math.absf {y} : {t}"));
         let unit = self.assign(&format!("arith.cmpf oeq, {ax}, {one} : {t}"));
         let y_inf = self.assign(&format!("arith.cmpf oeq, {ay}, {inf} : {t}"));
-        let unit_inf = self.assign(&format!(
-            "arith.andi {unit}, {y_inf} : {}",
-            lanes_of("i1", width)
-        ));
+        let unit_inf = self.mask_and(&unit, &y_inf, width);
         let ones = self.assign(&format!(
             "arith.ori {y_zero}, {x_one} : {}",
             lanes_of("i1", width)
