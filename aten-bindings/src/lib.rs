@@ -1,7 +1,8 @@
 //! Tessera kernels called on `tch::Tensor`s: the Rust twin of `torch.ops.tessera.*`.
 //!
-//! Each op checks its tensors (device, dtype, rank, shape) and says which argument is
-//! wrong, runs the library kernel on the best backend that can take it (native > XLA >
+//! Each op is the library's torch op of the same name (`kernels::OpSpec`): the same
+//! checks, with the same messages naming the argument that is wrong, and the same
+//! kernel parameters. It runs the library kernel on the best backend that can take it (native > XLA >
 //! interpreter, or the one asked for), and returns new tensors. [`sdpa`] is the
 //! hand-tuned kernel beside PyTorch's own: it uses Tessera when the call is supported and
 //! `Tensor::scaled_dot_product_attention` otherwise.
@@ -23,6 +24,7 @@
 //! ```
 
 use kernel_ir::{Array, ArrayData, DType, TensorType};
+use kernels::torch_op::{Form, Meta, Operand, Value};
 use kernels::Params;
 use runtime::Backend;
 use tch::{Device, Kind, Tensor};
@@ -30,14 +32,10 @@ use tch::{Device, Kind, Tensor};
 /// Why an op could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// A tensor argument that the op cannot take (named).
-    #[error("{arg}: {problem}")]
-    BadArgument {
-        /// The argument's name.
-        arg: &'static str,
-        /// What is wrong with it.
-        problem: String,
-    },
+    /// An argument the op cannot take; the message names it (`x: expected rank 2, ...`),
+    /// as the torch op's does.
+    #[error("{0}")]
+    BadArgument(String),
     /// The kernel failed to build or run.
     #[error("{kernel}: {message}")]
     Kernel {
@@ -48,54 +46,143 @@ pub enum Error {
     },
 }
 
-fn bad(arg: &'static str, problem: impl Into<String>) -> Error {
-    Error::BadArgument {
-        arg,
-        problem: problem.into(),
-    }
+/// One argument of an op call, in schema order.
+enum Arg<'a> {
+    Tensor(&'a Tensor),
+    Float(f64),
+    Bool(bool),
+    None,
 }
 
-/// The Tessera dtype of a float tensor on the CPU.
-fn float_dtype(arg: &'static str, t: &Tensor) -> Result<DType, Error> {
-    if t.device() != Device::Cpu {
-        return Err(bad(
-            arg,
-            format!("expected a CPU tensor, got {:?}", t.device()),
-        ));
-    }
-    match t.kind() {
-        Kind::Float => Ok(DType::F32),
-        Kind::BFloat16 => Ok(DType::BF16),
-        Kind::Half => Ok(DType::F16),
-        k => Err(bad(
-            arg,
-            format!("expected float32, bfloat16 or float16, got {k:?}"),
-        )),
-    }
+/// PyTorch's name of a tensor's dtype (`torch.float32`).
+fn dtype_name(t: &Tensor) -> String {
+    let name = match t.kind() {
+        Kind::Float => "float32",
+        Kind::BFloat16 => "bfloat16",
+        Kind::Half => "float16",
+        Kind::Double => "float64",
+        Kind::Int => "int32",
+        Kind::Int64 => "int64",
+        Kind::Bool => "bool",
+        other => return format!("{other:?}"),
+    };
+    format!("torch.{name}")
 }
 
 fn shape(t: &Tensor) -> Vec<u64> {
     t.size().iter().map(|&d| d as u64).collect()
 }
 
-fn check_rank(arg: &'static str, t: &Tensor, rank: usize) -> Result<(), Error> {
-    if t.dim() != rank {
-        return Err(bad(
-            arg,
-            format!("expected rank {rank}, got shape {:?}", t.size()),
-        ));
-    }
-    Ok(())
+/// What the op's checks see of the arguments (and that tensors are on the CPU).
+fn values(names: &[&str], args: &[Arg]) -> Result<Vec<Value>, Error> {
+    names
+        .iter()
+        .zip(args)
+        .map(|(name, a)| match a {
+            Arg::Tensor(t) if t.device() != Device::Cpu => Err(Error::BadArgument(format!(
+                "{name}: tessera ops run on CPU tensors"
+            ))),
+            Arg::Tensor(t) => Ok(Value::Tensor(Meta {
+                shape: shape(t),
+                dtype: dtype_name(t),
+                device: "cpu".into(),
+            })),
+            Arg::Float(f) => Ok(Value::Float(*f)),
+            Arg::Bool(b) => Ok(Value::Bool(*b)),
+            Arg::None => Ok(Value::None),
+        })
+        .collect()
 }
 
-fn same_kind(arg: &'static str, t: &Tensor, like: &Tensor) -> Result<(), Error> {
-    if t.kind() != like.kind() {
-        return Err(bad(
-            arg,
-            format!("expected {:?}, got {:?}", like.kind(), t.kind()),
-        ));
+/// The names of the arguments in `schema`, in order.
+fn arg_names(schema: &str) -> Vec<&str> {
+    let start = schema.find('(').map_or(0, |i| i + 1);
+    let end = schema.find(')').unwrap_or(start);
+    schema[start..end]
+        .split(',')
+        .filter_map(|a| a.split_whitespace().nth(1))
+        .map(|n| n.split('=').next().unwrap_or(n))
+        .collect()
+}
+
+/// The kernel's operand `o` of argument `t`: a score mask made additive float32 of the
+/// operand's shape; data as it is, seen with the operand's type.
+fn operand(t: &Tensor, o: &Operand) -> (Tensor, TensorType) {
+    let ty = TensorType::new(o.dtype, o.shape.clone());
+    let dims: Vec<i64> = o.shape.iter().map(|&d| d as i64).collect();
+    match o.form {
+        Form::ScoreMask => {
+            let additive = if t.kind() == Kind::Bool {
+                Tensor::zeros_like(t)
+                    .to_kind(Kind::Float)
+                    .masked_fill(&t.logical_not(), f64::NEG_INFINITY)
+            } else {
+                t.to_kind(Kind::Float)
+            };
+            (additive.expand(dims.as_slice(), false).contiguous(), ty)
+        }
+        Form::Data => (t.shallow_clone(), ty),
     }
-    Ok(())
+}
+
+/// Calls library op `name` (its [`kernels::OpSpec`]) with `args`: its results and the
+/// backend that ran it.
+fn call_op(
+    name: &'static str,
+    args: &[Arg],
+    backend: Backend,
+) -> Result<(Vec<Tensor>, Backend), Error> {
+    let spec = kernels::torch_op(name).ok_or_else(|| kernel_error(name, "not a library op"))?;
+    let values = values(&arg_names(spec.schema), args)?;
+    let plan = (spec.plan)(&values).map_err(Error::BadArgument)?;
+    let results: Vec<Meta> = spec.outputs.iter().map(|o| o.eval(&values)).collect();
+    let kind = |m: &Meta| match m.dtype.as_str() {
+        "torch.bfloat16" => Kind::BFloat16,
+        "torch.float16" => Kind::Half,
+        _ => Kind::Float,
+    };
+    let dims = |m: &Meta| m.shape.iter().map(|&d| d as i64).collect::<Vec<_>>();
+    let outs = if plan.launch {
+        let inputs: Vec<(Tensor, TensorType)> = plan
+            .inputs
+            .iter()
+            .map(|o| match &args[o.arg] {
+                Arg::Tensor(t) => Ok(operand(t, o)),
+                _ => Err(kernel_error(name, "the plan names a missing tensor")),
+            })
+            .collect::<Result<_, _>>()?;
+        let refs: Vec<(&Tensor, TensorType)> =
+            inputs.iter().map(|(t, ty)| (t, ty.clone())).collect();
+        let params: Vec<String> = plan
+            .params
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let (outs, used) = call(plan.kernel, &params, &refs, backend)?;
+        let outs: Vec<Tensor> = outs
+            .iter()
+            .zip(&results)
+            .map(|(t, m)| t.view(dims(m).as_slice()).to_kind(kind(m)))
+            .collect();
+        (outs, used)
+    } else {
+        let outs: Vec<Tensor> = spec
+            .outputs
+            .iter()
+            .zip(&results)
+            .map(|(o, m)| {
+                Tensor::full(
+                    dims(m).as_slice(),
+                    f64::from(o.empty),
+                    (kind(m), Device::Cpu),
+                )
+            })
+            .collect();
+        (outs, backend)
+    };
+    let (mut outs, used) = outs;
+    outs.truncate(spec.returns);
+    Ok((outs, used))
 }
 
 /// A tensor's elements as a host array of type `ty` (same element count).
@@ -219,29 +306,21 @@ fn call(
     Ok((out.iter().map(tensor).collect(), used))
 }
 
-fn rows_cols(t: &Tensor) -> (u64, u64) {
-    let s = shape(t);
-    let cols = s.last().copied().unwrap_or(1);
-    (s.iter().product::<u64>() / cols.max(1), cols)
+/// The one result of a single-result op.
+fn single(name: &'static str, args: &[Arg], backend: Backend) -> Result<Tensor, Error> {
+    let (mut outs, _) = call_op(name, args, backend)?;
+    Ok(outs.remove(0))
 }
 
 /// Softmax over the last dimension.
 pub fn softmax(x: &Tensor, backend: Backend) -> Result<Tensor, Error> {
-    let dt = float_dtype("x", x)?;
-    let (rows, cols) = rows_cols(x);
-    let params = [
-        format!("rows={rows}"),
-        format!("cols={cols}"),
-        format!("dtype={dt}"),
-    ];
-    let input = (x, TensorType::new(dt, [rows, cols]));
-    let (out, _) = call("softmax", &params, &[input], backend)?;
-    Ok(out[0].view(x.size().as_slice()))
+    single("softmax", &[Arg::Tensor(x)], backend)
 }
 
 /// RMSNorm over the last dimension with a `[cols]` weight.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64, backend: Backend) -> Result<Tensor, Error> {
-    norm("rms_norm", x, &[("weight", weight)], eps, backend)
+    let args = [Arg::Tensor(x), Arg::Tensor(weight), Arg::Float(eps)];
+    single("rms_norm", &args, backend)
 }
 
 /// LayerNorm over the last dimension with `[cols]` weight and bias.
@@ -252,183 +331,30 @@ pub fn layer_norm(
     eps: f64,
     backend: Backend,
 ) -> Result<Tensor, Error> {
-    norm(
-        "layer_norm",
-        x,
-        &[("weight", weight), ("bias", bias)],
-        eps,
-        backend,
-    )
-}
-
-/// A row-wise norm of `x` with `[cols]` parameter vectors (named for errors).
-fn norm(
-    name: &'static str,
-    x: &Tensor,
-    vectors: &[(&'static str, &Tensor)],
-    eps: f64,
-    backend: Backend,
-) -> Result<Tensor, Error> {
-    let dt = float_dtype("x", x)?;
-    let (rows, cols) = rows_cols(x);
-    let mut inputs = vec![(x, TensorType::new(dt, [rows, cols]))];
-    for &(arg, t) in vectors {
-        same_kind(arg, t, x)?;
-        if shape(t) != [cols] {
-            return Err(bad(
-                arg,
-                format!("expected shape [{cols}], got {:?}", t.size()),
-            ));
-        }
-        inputs.push((t, TensorType::new(dt, [cols])));
-    }
-    let params = [
-        format!("rows={rows}"),
-        format!("cols={cols}"),
-        format!("dtype={dt}"),
-        format!("eps={eps:e}"),
+    let args = [
+        Arg::Tensor(x),
+        Arg::Tensor(weight),
+        Arg::Tensor(bias),
+        Arg::Float(eps),
     ];
-    let (out, _) = call(name, &params, &inputs, backend)?;
-    Ok(out[0].view(x.size().as_slice()))
+    single("layer_norm", &args, backend)
 }
 
 /// SwiGLU: `silu(gate) * up`, element-wise over equal shapes.
 pub fn swiglu(gate: &Tensor, up: &Tensor, backend: Backend) -> Result<Tensor, Error> {
-    let dt = float_dtype("gate", gate)?;
-    same_kind("up", up, gate)?;
-    if up.size() != gate.size() {
-        return Err(bad(
-            "up",
-            format!("expected shape {:?}, got {:?}", gate.size(), up.size()),
-        ));
-    }
-    let (rows, cols) = rows_cols(gate);
-    let params = [
-        format!("rows={rows}"),
-        format!("cols={cols}"),
-        format!("dtype={dt}"),
-    ];
-    let ty = TensorType::new(dt, [rows, cols]);
-    let (out, _) = call("swiglu", &params, &[(gate, ty.clone()), (up, ty)], backend)?;
-    Ok(out[0].view(gate.size().as_slice()))
+    single("swiglu", &[Arg::Tensor(gate), Arg::Tensor(up)], backend)
 }
 
 /// Rotary embedding (Llama rotate-half) of `x: [batch, heads, seq, head_dim]` with
 /// `cos`, `sin: [seq, head_dim]`.
 pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, backend: Backend) -> Result<Tensor, Error> {
-    let dt = float_dtype("x", x)?;
-    check_rank("x", x, 4)?;
-    let s = shape(x);
-    for (arg, t) in [("cos", cos), ("sin", sin)] {
-        same_kind(arg, t, x)?;
-        if shape(t) != [s[2], s[3]] {
-            return Err(bad(
-                arg,
-                format!("expected shape [{}, {}], got {:?}", s[2], s[3], t.size()),
-            ));
-        }
-    }
-    if !s[3].is_multiple_of(2) {
-        return Err(bad("x", format!("head_dim {} is odd", s[3])));
-    }
-    let params = [
-        format!("batch={}", s[0]),
-        format!("heads={}", s[1]),
-        format!("seq={}", s[2]),
-        format!("head_dim={}", s[3]),
-        format!("dtype={dt}"),
-    ];
-    let table = TensorType::new(dt, [s[2], s[3]]);
-    let inputs = [
-        (x, TensorType::new(dt, s)),
-        (cos, table.clone()),
-        (sin, table),
-    ];
-    let (out, _) = call("rope", &params, &inputs, backend)?;
-    Ok(out[0].shallow_clone())
+    let args = [Arg::Tensor(x), Arg::Tensor(cos), Arg::Tensor(sin)];
+    single("rope", &args, backend)
 }
 
-/// `a @ b` for `[m, k]` and `[k, n]` matrices.
-pub fn matmul(a: &Tensor, b: &Tensor, backend: Backend) -> Result<Tensor, Error> {
-    let dt = float_dtype("a", a)?;
-    same_kind("b", b, a)?;
-    check_rank("a", a, 2)?;
-    check_rank("b", b, 2)?;
-    let (sa, sb) = (shape(a), shape(b));
-    if sa[1] != sb[0] {
-        return Err(bad(
-            "b",
-            format!(
-                "expected {} rows to match a {:?}, got {:?}",
-                sa[1],
-                a.size(),
-                b.size()
-            ),
-        ));
-    }
-    let params = [
-        format!("m={}", sa[0]),
-        format!("k={}", sa[1]),
-        format!("n={}", sb[1]),
-        format!("dtype={dt}"),
-    ];
-    let inputs = [(a, TensorType::new(dt, sa)), (b, TensorType::new(dt, sb))];
-    let (out, _) = call("matmul", &params, &inputs, backend)?;
-    Ok(out[0].to_kind(a.kind()))
-}
-
-/// The parameters of a flash-attention call, or why Tessera's kernel cannot take it.
-fn attention_params(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    causal: bool,
-    scale: Option<f64>,
-) -> Result<Vec<String>, Error> {
-    let dt = float_dtype("q", q)?;
-    if !matches!(dt, DType::F32 | DType::BF16) {
-        return Err(bad(
-            "q",
-            format!(
-                "flash attention takes float32 or bfloat16, got {:?}",
-                q.kind()
-            ),
-        ));
-    }
-    for (arg, t) in [("q", q), ("k", k), ("v", v)] {
-        check_rank(arg, t, 4)?;
-        same_kind(arg, t, q)?;
-    }
-    let (sq, sk) = (shape(q), shape(k));
-    if sk[0] != sq[0] || sk[3] != sq[3] || k.size() != v.size() {
-        return Err(bad(
-            "k",
-            format!(
-                "shapes k {:?} / v {:?} do not match q {:?}",
-                k.size(),
-                v.size(),
-                q.size()
-            ),
-        ));
-    }
-    if sk[1] == 0 || sq[1] % sk[1] != 0 {
-        return Err(bad(
-            "k",
-            format!("{} kv heads do not divide the {} query heads", sk[1], sq[1]),
-        ));
-    }
-    let scale = scale.unwrap_or(1.0 / (sq[3] as f64).sqrt());
-    Ok(vec![
-        format!("batch={}", sq[0]),
-        format!("heads={}", sq[1]),
-        format!("kv_heads={}", sk[1]),
-        format!("q_len={}", sq[2]),
-        format!("kv_len={}", sk[2]),
-        format!("head_dim={}", sq[3]),
-        format!("causal={causal}"),
-        format!("scale={scale:e}"),
-        format!("dtype={dt}"),
-    ])
+/// `x @ y` for `[m, k]` and `[k, n]` matrices.
+pub fn matmul(x: &Tensor, y: &Tensor, backend: Backend) -> Result<Tensor, Error> {
+    single("matmul", &[Arg::Tensor(x), Arg::Tensor(y)], backend)
 }
 
 /// Flash attention `[B, H, Sq, D]` x `[B, Hkv, Skv, D]`: the output and its log-sum-exp.
@@ -440,28 +366,34 @@ pub fn flash_attention(
     scale: Option<f64>,
     backend: Backend,
 ) -> Result<(Tensor, Tensor), Error> {
-    attention(q, k, v, causal, scale, backend).map(|(o, lse, _)| (o, lse))
+    attention(q, k, v, None, causal, scale, backend).map(|(o, lse, _)| (o, lse))
 }
 
+/// `flash_attention_fwd` (the output and its log-sum-exp) with an optional score mask,
+/// and the backend that ran it.
 fn attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
+    mask: Option<&Tensor>,
     causal: bool,
     scale: Option<f64>,
     backend: Backend,
 ) -> Result<(Tensor, Tensor, Backend), Error> {
-    let params = attention_params(q, k, v, causal, scale)?;
-    let dt = float_dtype("q", q)?;
-    let typed = |t: &Tensor| TensorType::new(dt, shape(t));
-    let inputs = [(q, typed(q)), (k, typed(k)), (v, typed(v))];
-    let (mut out, used) = call("flash_attention", &params, &inputs, backend)?;
-    let lse = out.pop().expect("flash attention returns o and lse");
-    Ok((
-        out.pop().expect("flash attention returns o and lse"),
-        lse.to_kind(Kind::Float),
-        used,
-    ))
+    let args = [
+        Arg::Tensor(q),
+        Arg::Tensor(k),
+        Arg::Tensor(v),
+        Arg::Bool(causal),
+        scale.map_or(Arg::None, Arg::Float),
+        Arg::None,
+        Arg::None,
+        mask.map_or(Arg::None, Arg::Tensor),
+    ];
+    let (mut outs, used) = call_op("flash_attention_fwd", &args, backend)?;
+    let lse = outs.pop().expect("flash_attention_fwd returns out and lse");
+    let out = outs.pop().expect("flash_attention_fwd returns out and lse");
+    Ok((out, lse, used))
 }
 
 /// Which kernel ran an [`sdpa`] call.
@@ -473,9 +405,10 @@ pub enum SdpaPath {
     PyTorch,
 }
 
-/// `scaled_dot_product_attention` on CPU: Tessera's flash attention when it supports the
-/// call (no mask, no dropout, f32/bf16 CPU tensors of rank 4, heads divisible), PyTorch's
-/// kernel otherwise.
+/// `scaled_dot_product_attention` on CPU: Tessera's flash attention when it takes the
+/// call (no dropout; the checks of `torch.ops.tessera.flash_attention`: f32/bf16 CPU
+/// tensors of rank 4, heads divisible, a mask the same for every head), PyTorch's kernel
+/// otherwise.
 pub fn sdpa(
     q: &Tensor,
     k: &Tensor,
@@ -485,8 +418,8 @@ pub fn sdpa(
     causal: bool,
     scale: Option<f64>,
 ) -> (Tensor, SdpaPath) {
-    if attn_mask.is_none() && dropout_p == 0.0 {
-        if let Ok((out, _, used)) = attention(q, k, v, causal, scale, Backend::Auto) {
+    if dropout_p == 0.0 && !(causal && attn_mask.is_some()) {
+        if let Ok((out, _, used)) = attention(q, k, v, attn_mask, causal, scale, Backend::Auto) {
             return (out, SdpaPath::Tessera(used));
         }
     }

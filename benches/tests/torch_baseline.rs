@@ -16,3 +16,14 @@ fn torch_baselines_match_the_references() {
         assert!(c.ok(), "{name} {shape}: torch vs reference {c:?}");
     }
 }
+
+#[test]
+fn every_library_kernel_has_a_checked_baseline() {
+    for k in kernels::all() {
+        assert!(
+            BASELINE_CHECKS.iter().any(|(name, _)| *name == k.name()),
+            "{}: no case in BASELINE_CHECKS (benches/src/lib.rs) checks its PyTorch baseline",
+            k.name()
+        );
+    }
+}

@@ -12,6 +12,7 @@ mod params;
 mod rope;
 mod softmax;
 mod swiglu;
+pub mod torch_op;
 pub mod tuning;
 mod varlen_attention;
 
@@ -28,6 +29,7 @@ pub use params::{ParamDef, ParamError, Params};
 pub use rope::{Rope, RopeConfig};
 pub use softmax::{Softmax, SoftmaxConfig};
 pub use swiglu::{Swiglu, SwigluConfig};
+pub use torch_op::OpSpec;
 pub use tuning::Tunable;
 pub use varlen_attention::{
     check_cu_seqlens, VarlenAttention, VarlenAttentionBwd, VarlenConfig, VarlenPlan,
@@ -181,6 +183,31 @@ pub fn all() -> Vec<&'static dyn LibraryKernel> {
         &VarlenAttention,
         &VarlenAttentionBwd,
     ]
+}
+
+/// The library's PyTorch ops, in registration order (each declared beside its kernel).
+pub fn torch_ops() -> &'static [OpSpec] {
+    const OPS: &[OpSpec] = &[
+        softmax::TORCH_OP,
+        norms::RMS_NORM_OP,
+        norms::LAYER_NORM_OP,
+        swiglu::TORCH_OP,
+        matmul::TORCH_OP,
+        rope::TORCH_OP,
+        attention::FLASH_ATTENTION_FWD,
+        attention::FLASH_ATTENTION_BWD,
+        attention::FLASH_ATTENTION,
+        paged_attention::TORCH_OP,
+        varlen_attention::VARLEN_ATTENTION_FWD,
+        varlen_attention::VARLEN_ATTENTION_BWD,
+        varlen_attention::VARLEN_ATTENTION,
+    ];
+    OPS
+}
+
+/// The PyTorch op called `name`.
+pub fn torch_op(name: &str) -> Option<&'static OpSpec> {
+    torch_ops().iter().find(|op| op.name() == name)
 }
 
 /// The library kernel called `name`.

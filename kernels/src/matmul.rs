@@ -6,6 +6,7 @@ use kernel_ir::{AllocError, Array, DimSemantics};
 use kernel_macros::kernel;
 
 use crate::common::{block, load_tile, pid, random_array, store_tile, tolerance_for, zeros_f64};
+use crate::torch_op::{py_shape, Args, Dim, OpSpec, Out, Plan, ResultDtype, Shape};
 use crate::{BoxError, Op, ParamDef, Params, Tolerance, Tunable};
 
 /// Shapes and block sizes of a matmul (block sizes already clamped to the shapes).
@@ -206,3 +207,41 @@ impl Op for Matmul {
         2.0 * (c.m * c.k * c.n) as f64
     }
 }
+
+/// `torch.ops.tessera.matmul`.
+pub(crate) const TORCH_OP: OpSpec = OpSpec {
+    schema: "matmul(Tensor x, Tensor y) -> Tensor",
+    doc: "`x @ y` for 2-D `x [m, k]` and `y [k, n]` of one dtype, accumulated in float32.",
+    outputs: &[Out {
+        shape: Shape::Dims(&[Dim::Of(0, 0), Dim::Of(1, 1)]),
+        dtype: ResultDtype::Of(0),
+        empty: 0.0,
+    }],
+    returns: 1,
+    plan: |values| {
+        let mut a = Args::new(values);
+        let x = a.tensor("x")?.rank(2)?;
+        let y = a.tensor("y")?.rank(2)?.same_dtype(&x)?;
+        if x.shape[1] != y.shape[0] {
+            return Err(format!(
+                "y: expected {} rows to match x, got shape {}",
+                x.shape[1],
+                py_shape(&y.shape)
+            ));
+        }
+        let (m, k, n) = (x.shape[0], x.shape[1], y.shape[1]);
+        Ok(Plan {
+            kernel: "matmul",
+            params: vec![
+                ("m", m.to_string()),
+                ("k", k.to_string()),
+                ("n", n.to_string()),
+                ("dtype", x.dtype.to_string()),
+            ],
+            inputs: vec![x.operand(), y.operand()],
+            outputs: vec![vec![m, n]],
+            launch: m * n * k > 0,
+            check_indices: None,
+        })
+    },
+};

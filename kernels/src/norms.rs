@@ -6,6 +6,7 @@ use kernel_macros::kernel;
 
 use crate::common::{block, pid, random_array, room_f64, tolerance_for, zero};
 use crate::softmax::{ROW_PARAMS, ROW_TUNABLE};
+use crate::torch_op::{row_plan, Args, OpSpec, Out};
 use crate::{BoxError, Op, ParamDef, Params, Tolerance, Tunable};
 
 /// Shape, blocking and epsilon of a norm.
@@ -208,3 +209,38 @@ impl Op for LayerNorm {
         7.0 * (c.rows * c.cols) as f64
     }
 }
+
+/// `torch.ops.tessera.rms_norm`.
+pub(crate) const RMS_NORM_OP: OpSpec = OpSpec {
+    schema: "rms_norm(Tensor x, Tensor weight, float eps=1e-05) -> Tensor",
+    doc: "RMSNorm of `x` over its last dimension: `x / sqrt(mean(x^2) + eps) * weight`, \
+          with `weight` of `[x.shape[-1]]` in `x`'s dtype; computed in float32.",
+    outputs: &[Out::like(0)],
+    returns: 1,
+    plan: |values| {
+        let mut a = Args::new(values);
+        let x = a.tensor("x")?.min_rank(1)?;
+        let cols = *x.shape.last().unwrap_or(&0);
+        let w = a.tensor("weight")?.vector(&x, cols)?;
+        let eps = a.float("eps")?;
+        Ok(row_plan("rms_norm", &[x], &[w], eps))
+    },
+};
+
+/// `torch.ops.tessera.layer_norm`.
+pub(crate) const LAYER_NORM_OP: OpSpec = OpSpec {
+    schema: "layer_norm(Tensor x, Tensor weight, Tensor bias, float eps=1e-05) -> Tensor",
+    doc: "LayerNorm of `x` over its last dimension with `weight` and `bias` of \
+          `[x.shape[-1]]` in `x`'s dtype; computed in float32.",
+    outputs: &[Out::like(0)],
+    returns: 1,
+    plan: |values| {
+        let mut a = Args::new(values);
+        let x = a.tensor("x")?.min_rank(1)?;
+        let cols = *x.shape.last().unwrap_or(&0);
+        let w = a.tensor("weight")?.vector(&x, cols)?;
+        let b = a.tensor("bias")?.vector(&x, cols)?;
+        let eps = a.float("eps")?;
+        Ok(row_plan("layer_norm", &[x], &[w, b], eps))
+    },
+};

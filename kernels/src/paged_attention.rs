@@ -25,6 +25,7 @@ use kernel_macros::kernel;
 use rand::{Rng, SeedableRng};
 
 use crate::common::{built, pid, random_array, tolerance_for, zero, zeros_f64};
+use crate::torch_op::{f32_or_bf16, py_shape, Args, OpSpec, Out, Plan};
 use crate::{BoxError, Exec, Op, ParamDef, Params, Tolerance};
 
 /// Shapes of a paged-attention call.
@@ -417,3 +418,78 @@ impl Op for PagedAttention {
         4.0 * (c.batch * c.heads * c.head_dim) as f64 * c.max_len() as f64
     }
 }
+
+/// `torch.ops.tessera.paged_attention`.
+pub(crate) const TORCH_OP: OpSpec = OpSpec {
+    schema: "paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, \
+             Tensor context_lens, float? scale=None) -> Tensor",
+    doc: "Decode attention over a paged KV cache: one query per sequence, q `[batch, heads, \
+          head_dim]`, caches `[kv_heads, num_pages, page_size, head_dim]`, an int32 or int64 \
+          `[batch, max_pages]` block table and `[batch]` context lengths (both checked \
+          before anything runs). float32 or bfloat16; `scale` defaults to 1/sqrt(head_dim).",
+    outputs: &[Out::like(0)],
+    returns: 1,
+    plan: |values| {
+        let mut a = Args::new(values);
+        let q = a.tensor("query")?.rank(3)?;
+        f32_or_bf16("paged_attention", &q)?;
+        let k = a.tensor("k_cache")?.rank(4)?.same_dtype(&q)?;
+        let v = a.tensor("v_cache")?.rank(4)?.same_dtype(&q)?;
+        let table = a.index("block_table")?.rank(2)?;
+        let lens = a.index("context_lens")?.rank(1)?;
+        let scale = a.float("scale")?;
+        let (b, h, d) = (q.shape[0], q.shape[1], q.shape[2]);
+        let (hkv, pages, ps) = (k.shape[0], k.shape[1], k.shape[2]);
+        if k.shape != v.shape || k.shape[3] != d {
+            return Err(format!(
+                "k_cache/v_cache: shapes {}/{} must be equal [kv_heads, num_pages, page_size, {d}]",
+                py_shape(&k.shape),
+                py_shape(&v.shape)
+            ));
+        }
+        if hkv == 0 || h % hkv != 0 {
+            return Err(format!(
+                "k_cache: {hkv} kv heads do not divide the query's {h} heads"
+            ));
+        }
+        if table.shape[0] != b || lens.shape != [b] {
+            return Err(format!(
+                "block_table/context_lens: shapes {}/{} do not match the query's batch of {b}",
+                py_shape(&table.shape),
+                py_shape(&lens.shape)
+            ));
+        }
+        let max_pages = table.shape[1];
+        let mut params = vec![
+            ("batch", b.to_string()),
+            ("heads", h.to_string()),
+            ("kv_heads", hkv.to_string()),
+            ("head_dim", d.to_string()),
+            ("page_size", ps.to_string()),
+            ("num_pages", pages.to_string()),
+            ("max_pages", max_pages.to_string()),
+            ("dtype", q.dtype.to_string()),
+        ];
+        if let Some(scale) = scale {
+            params.push(("scale", format!("{scale:?}")));
+        }
+        Ok(Plan {
+            kernel: "paged_attention",
+            params,
+            // The kernel's order: the scalar-prefetch operands first.
+            inputs: vec![
+                table.operand(),
+                lens.operand(),
+                q.operand(),
+                k.operand(),
+                v.operand(),
+            ],
+            outputs: vec![q.shape.clone()],
+            // No queries, or no tokens (the index check allows only empty contexts then).
+            launch: q.numel() > 0 && k.numel() > 0 && max_pages > 0,
+            check_indices: Some(Box::new(move |ints| {
+                check_block_tables(ints[0], ints[1], max_pages, ps, pages)
+            })),
+        })
+    },
+};

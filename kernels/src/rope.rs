@@ -6,6 +6,7 @@ use kernel_ir::{try_with_capacity, Array};
 use kernel_macros::{kernel, kernel_fn};
 
 use crate::common::{block, pid, random_array, tolerance_for, zero, zeros_f64};
+use crate::torch_op::{py_shape, Args, OpSpec, Out, Plan};
 use crate::{BoxError, Op, ParamDef, Params, Tolerance, Tunable};
 
 /// Shapes of a RoPE call: x is `[batch, heads, seq, head_dim]`, cos/sin `[seq, head_dim]`.
@@ -186,3 +187,50 @@ impl Op for Rope {
         3.0 * (c.batch * c.heads * c.seq * c.head_dim) as f64
     }
 }
+
+/// `torch.ops.tessera.rope`.
+pub(crate) const TORCH_OP: OpSpec = OpSpec {
+    schema: "rope(Tensor x, Tensor cos, Tensor sin) -> Tensor",
+    doc: "Rotary embedding (rotate-half, as Llama): `x * cos + rotate_half(x) * sin` for \
+          `x [batch, heads, seq, head_dim]` (even head_dim) and tables `[seq, head_dim]`.",
+    outputs: &[Out::like(0)],
+    returns: 1,
+    plan: |values| {
+        let mut a = Args::new(values);
+        let x = a.tensor("x")?.rank(4)?;
+        let (b, h, s, d) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
+        let mut tables = vec![];
+        for name in ["cos", "sin"] {
+            let t = a.tensor(name)?.rank(2)?.same_dtype(&x)?;
+            if t.shape != [s, d] {
+                return Err(format!(
+                    "{name}: expected shape {}, got {}",
+                    py_shape(&[s, d]),
+                    py_shape(&t.shape)
+                ));
+            }
+            tables.push(t.operand());
+        }
+        if d % 2 == 1 {
+            return Err(format!(
+                "x: rotary embedding needs an even head_dim, got {d}"
+            ));
+        }
+        let mut inputs = vec![x.operand()];
+        inputs.extend(tables);
+        Ok(Plan {
+            kernel: "rope",
+            params: vec![
+                ("batch", b.to_string()),
+                ("heads", h.to_string()),
+                ("seq", s.to_string()),
+                ("head_dim", d.to_string()),
+                ("dtype", x.dtype.to_string()),
+            ],
+            inputs,
+            outputs: vec![x.shape.clone()],
+            launch: x.numel() > 0,
+            check_indices: None,
+        })
+    },
+};

@@ -5,6 +5,7 @@ use kernel_ir::Array;
 use kernel_macros::kernel;
 
 use crate::common::{block, pid, random_array, room_f64, tolerance_for, zero};
+use crate::torch_op::{row_plan, Args, OpSpec, Out};
 use crate::{BoxError, Op, ParamDef, Params, Tolerance, Tunable};
 
 /// Shape and blocking of a row-wise kernel (softmax, norms).
@@ -133,3 +134,16 @@ impl Op for Softmax {
         5.0 * (c.rows * c.cols) as f64
     }
 }
+
+/// `torch.ops.tessera.softmax`.
+pub(crate) const TORCH_OP: OpSpec = OpSpec {
+    schema: "softmax(Tensor x) -> Tensor",
+    doc: "Softmax of `x` over its last dimension (float32, bfloat16 or float16; any \
+          leading dims), computed in float32.",
+    outputs: &[Out::like(0)],
+    returns: 1,
+    plan: |values| {
+        let x = Args::new(values).tensor("x")?.min_rank(1)?;
+        Ok(row_plan("softmax", &[x], &[], None))
+    },
+};

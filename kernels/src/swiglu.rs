@@ -5,6 +5,7 @@ use kernel_ir::Array;
 use kernel_macros::kernel;
 
 use crate::common::{block, pid, random_array, tolerance_for};
+use crate::torch_op::{row_plan, Args, OpSpec, Out};
 use crate::{BoxError, Op, ParamDef, Params, Tolerance, Tunable};
 
 /// Shape and tiling of a SwiGLU.
@@ -143,3 +144,17 @@ impl Op for Swiglu {
         5.0 * (c.rows * c.cols) as f64
     }
 }
+
+/// `torch.ops.tessera.swiglu`.
+pub(crate) const TORCH_OP: OpSpec = OpSpec {
+    schema: "swiglu(Tensor gate, Tensor up) -> Tensor",
+    doc: "SwiGLU: `silu(gate) * up`, element-wise over two tensors of one shape and dtype.",
+    outputs: &[Out::like(0)],
+    returns: 1,
+    plan: |values| {
+        let mut a = Args::new(values);
+        let gate = a.tensor("gate")?.min_rank(1)?;
+        let up = a.tensor("up")?.same_dtype(&gate)?.same_shape(&gate)?;
+        Ok(row_plan("swiglu", &[gate, up], &[], None))
+    },
+};

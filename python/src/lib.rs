@@ -19,6 +19,7 @@ use runtime::Backend;
 mod graph;
 mod library;
 mod native_autograd;
+mod op_specs;
 mod torch_abi;
 mod torch_ops;
 mod user_kernels;
@@ -703,7 +704,7 @@ fn parse_backend(name: &str) -> Result<Backend, OpError> {
 /// which Python defines in the `tessera` namespace before [`register_cpu_kernels`].
 #[pyfunction]
 fn op_schemas() -> Vec<&'static str> {
-    torch_ops::OPS.iter().map(|op| op.schema).collect()
+    torch_ops::ops().iter().map(|op| op.schema).collect()
 }
 
 /// Registers the CPU kernels of the ops of [`op_schemas`] (already defined) through
@@ -849,6 +850,8 @@ fn _tessera(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tuning_problem, m)?)?;
     m.add_function(wrap_pyfunction!(describe_config, m)?)?;
     m.add_function(wrap_pyfunction!(op_schemas, m)?)?;
+    m.add_function(wrap_pyfunction!(op_specs::op_specs, m)?)?;
+    m.add_function(wrap_pyfunction!(op_specs::op_plan, m)?)?;
     m.add_function(wrap_pyfunction!(register_cpu_kernels, m)?)?;
     m.add_function(wrap_pyfunction!(set_backend, m)?)?;
     m.add_function(wrap_pyfunction!(use_torch_threads, m)?)?;

@@ -1,19 +1,22 @@
-//! The library ops as PyTorch dispatcher ops. `torch.ops.tessera.*` are defined from
-//! Python (`torch.library`, which also holds their fake and autograd kernels) with the
-//! schemas in [`OPS`]; their CPU kernels are the boxed Rust functions here, registered
-//! through PyTorch's stable C interface, so an eager call runs no Python below autograd.
+//! The library ops as PyTorch dispatcher ops. Each op is declared once, beside its
+//! kernel, as a [`kernels::OpSpec`] (schema, doc, result types, checks and launch plan);
+//! `torch.ops.tessera.*` are defined from Python with those schemas, and their CPU
+//! kernels are the boxed Rust functions here, registered through PyTorch's stable C
+//! interface, so an eager call runs no Python below autograd.
 //!
-//! A kernel checks its arguments (errors name the argument, as the Python ops did),
-//! allocates its results with PyTorch, and runs the library kernel on the tensors'
-//! storage. Failures leave as C++ exceptions whose message starts with the Python
-//! exception they stand for (`ValueError: `, `IndexError: `, `MemoryError: `); the Python autograd
-//! kernels raise that exception.
+//! A kernel reads its arguments, has the op's plan check them (errors name the
+//! argument), allocates the results with PyTorch, and runs the library kernel on the
+//! tensors' storage. Failures leave as C++ exceptions whose message starts with the
+//! Python exception they stand for (`ValueError: `, `IndexError: `, `MemoryError: `);
+//! the Python autograd kernels raise that exception.
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::OnceLock;
 
 use kernel_ir::CheckKind;
+use kernels::torch_op::{self, Form, Meta, Operand};
+use kernels::OpSpec;
 use runtime::Backend;
 
 use crate::torch_abi::{
@@ -21,37 +24,9 @@ use crate::torch_abi::{
 };
 use crate::{run_op, Buffer, OpError};
 
-/// One dispatcher op: its schema (`name(args) -> results`) and its CPU kernel.
-pub(crate) struct NativeOp {
-    pub(crate) schema: &'static str,
-    run: fn(Vec<Value>) -> Result<Vec<Tensor>, OpError>,
-}
-
-impl NativeOp {
-    /// The op's name: the schema up to `(`.
-    pub(crate) fn name(&self) -> &'static str {
-        &self.schema[..self.schema.find('(').unwrap_or(0)]
-    }
-
-    /// The argument types, in order, read from the schema (`None` for a type the
-    /// kernels do not read).
-    fn parse_arg_types(&self) -> Vec<Option<ArgType>> {
-        let start = self.schema.find('(').map_or(0, |i| i + 1);
-        let end = self.schema.find(')').unwrap_or(start);
-        self.schema[start..end]
-            .split(',')
-            .filter_map(|a| a.split_whitespace().next())
-            .map(|t| match t {
-                "Tensor" => Some(ArgType::Tensor),
-                "float" => Some(ArgType::Float),
-                "bool" => Some(ArgType::Bool),
-                "Tensor?" => Some(ArgType::OptionalTensor),
-                "float?" => Some(ArgType::OptionalFloat),
-                "int?" => Some(ArgType::OptionalInt),
-                _ => None,
-            })
-            .collect()
-    }
+/// The ops, in registration order (a kernel finds its op by index).
+pub(crate) fn ops() -> &'static [OpSpec] {
+    kernels::torch_ops()
 }
 
 /// The argument types the kernels read off the stack.
@@ -65,16 +40,37 @@ enum ArgType {
     OptionalInt,
 }
 
-/// The argument types of `OPS[i]`, parsed from the schemas once (`None` when one is a
-/// type the kernels do not read).
-fn arg_types(i: usize) -> Option<&'static [ArgType]> {
-    static TYPES: OnceLock<Vec<Option<Vec<ArgType>>>> = OnceLock::new();
-    TYPES.get_or_init(|| {
-        OPS.iter()
-            .map(|op| op.parse_arg_types().into_iter().collect())
-            .collect()
-    })[i]
-        .as_deref()
+/// One argument as the schema declares it: its type (`None` for a type the kernels do
+/// not read) and its name.
+type SchemaArg = (Option<ArgType>, &'static str);
+
+/// The arguments of `schema`, in order.
+fn parse_args(schema: &'static str) -> Vec<SchemaArg> {
+    let start = schema.find('(').map_or(0, |i| i + 1);
+    let end = schema.find(')').unwrap_or(start);
+    schema[start..end]
+        .split(',')
+        .filter_map(|a| {
+            let mut words = a.split_whitespace();
+            let ty = match words.next()? {
+                "Tensor" => Some(ArgType::Tensor),
+                "float" => Some(ArgType::Float),
+                "bool" => Some(ArgType::Bool),
+                "Tensor?" => Some(ArgType::OptionalTensor),
+                "float?" => Some(ArgType::OptionalFloat),
+                "int?" => Some(ArgType::OptionalInt),
+                _ => None,
+            };
+            let name = words.next().unwrap_or("");
+            Some((ty, name.split('=').next().unwrap_or(name)))
+        })
+        .collect()
+}
+
+/// The arguments of op `i`, parsed from its schema once.
+fn schema_args(i: usize) -> &'static [SchemaArg] {
+    static ARGS: OnceLock<Vec<Vec<SchemaArg>>> = OnceLock::new();
+    &ARGS.get_or_init(|| ops().iter().map(|op| parse_args(op.schema)).collect())[i]
 }
 
 /// An argument read off the stack.
@@ -86,80 +82,18 @@ enum Value {
     None,
 }
 
-/// The ops, in registration order (a kernel finds its op by index).
-pub(crate) const OPS: &[NativeOp] = &[
-    NativeOp {
-        schema: "softmax(Tensor x) -> Tensor",
-        run: softmax,
-    },
-    NativeOp {
-        schema: "rms_norm(Tensor x, Tensor weight, float eps=1e-05) -> Tensor",
-        run: rms_norm,
-    },
-    NativeOp {
-        schema: "layer_norm(Tensor x, Tensor weight, Tensor bias, float eps=1e-05) -> Tensor",
-        run: layer_norm,
-    },
-    NativeOp {
-        schema: "swiglu(Tensor gate, Tensor up) -> Tensor",
-        run: swiglu,
-    },
-    NativeOp {
-        schema: "matmul(Tensor x, Tensor y) -> Tensor",
-        run: matmul,
-    },
-    NativeOp {
-        schema: "rope(Tensor x, Tensor cos, Tensor sin) -> Tensor",
-        run: rope,
-    },
-    NativeOp {
-        schema: "flash_attention_fwd(Tensor q, Tensor k, Tensor v, bool is_causal, float scale, \
-                 int? window=None, float? softcap=None, Tensor? mask=None) -> (Tensor, Tensor)",
-        run: flash_attention_fwd,
-    },
-    NativeOp {
-        schema:
-            "flash_attention_bwd(Tensor q, Tensor k, Tensor v, Tensor grad_out, bool is_causal, \
-                 float scale, Tensor? out=None, Tensor? lse=None, int? window=None, \
-                 float? softcap=None, Tensor? mask=None) -> (Tensor, Tensor, Tensor)",
-        run: flash_attention_bwd,
-    },
-    NativeOp {
-        schema: "flash_attention(Tensor q, Tensor k, Tensor v, bool is_causal=False, \
-                 float? scale=None, int? window=None, float? softcap=None, Tensor? mask=None) \
-                 -> Tensor",
-        run: flash_attention,
-    },
-    NativeOp {
-        schema: "paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, \
-                 Tensor context_lens, float? scale=None) -> Tensor",
-        run: paged_attention,
-    },
-    NativeOp {
-        schema: "varlen_attention_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, \
-                 Tensor cu_seqlens_k, bool is_causal, float scale) -> (Tensor, Tensor)",
-        run: varlen_attention_fwd,
-    },
-    NativeOp {
-        schema: "varlen_attention_bwd(Tensor q, Tensor k, Tensor v, Tensor grad_out, \
-                 Tensor cu_seqlens_q, Tensor cu_seqlens_k, bool is_causal, float scale, \
-                 Tensor? out=None, Tensor? lse=None) -> (Tensor, Tensor, Tensor)",
-        run: varlen_attention_bwd,
-    },
-    NativeOp {
-        schema: "varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, \
-                 Tensor cu_seqlens_k, bool is_causal=False, float? scale=None) -> Tensor",
-        run: varlen_attention,
-    },
-];
+/// How many ops the boxed kernels below can serve.
+const SLOTS: usize = 24;
 
-/// The boxed kernel of `OPS[I]`.
+/// The boxed kernel of op `I`.
 extern "C-unwind" fn boxed<const I: usize>(stack: *mut StableIValue, args: u64, results: u64) {
-    let op = &OPS[I];
+    let Some(op) = ops().get(I) else {
+        torch_abi::throw(&format!("tessera: no op in slot {I}"))
+    };
     // SAFETY: PyTorch calls with a stack of `max(args, results)` values laid out by the
     // op's schema.
     let outcome = catch_unwind(AssertUnwindSafe(|| unsafe {
-        call(op, arg_types(I), stack, args, results)
+        call(op, schema_args(I), stack, args, results)
     }));
     let message = match outcome {
         Ok(Ok(())) => return,
@@ -169,25 +103,14 @@ extern "C-unwind" fn boxed<const I: usize>(stack: *mut StableIValue, args: u64, 
     torch_abi::throw(&message)
 }
 
-/// The boxed kernels, one per op of [`OPS`].
+/// The boxed kernels, one per op of [`ops`].
 pub(crate) fn kernels() -> Vec<(&'static str, BoxedKernel)> {
-    // Sized by `OPS`: an op added there without a slot here does not compile.
-    let table: [BoxedKernel; OPS.len()] = [
-        boxed::<0>,
-        boxed::<1>,
-        boxed::<2>,
-        boxed::<3>,
-        boxed::<4>,
-        boxed::<5>,
-        boxed::<6>,
-        boxed::<7>,
-        boxed::<8>,
-        boxed::<9>,
-        boxed::<10>,
-        boxed::<11>,
-        boxed::<12>,
-    ];
-    OPS.iter().map(NativeOp::name).zip(table).collect()
+    macro_rules! slots {
+        ($($i:literal)*) => { [$(boxed::<$i> as BoxedKernel),*] };
+    }
+    let table: [BoxedKernel; SLOTS] =
+        slots!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23);
+    ops().iter().map(OpSpec::name).zip(table).collect()
 }
 
 /// Reads the arguments (taking ownership of every tensor handle first, so all are freed
@@ -196,22 +119,22 @@ pub(crate) fn kernels() -> Vec<(&'static str, BoxedKernel)> {
 /// # Safety
 /// `stack` must hold `max(args, results)` values laid out by `op`'s schema.
 unsafe fn call(
-    op: &NativeOp,
-    types: Option<&[ArgType]>,
+    op: &OpSpec,
+    schema: &'static [SchemaArg],
     stack: *mut StableIValue,
     args: u64,
     results: u64,
 ) -> Result<(), OpError> {
     let slots = std::slice::from_raw_parts_mut(stack, args.max(results) as usize);
-    let Some(types) = types else {
+    if schema.iter().any(|(ty, _)| ty.is_none()) {
         return Err(OpError::Failed(format!(
             "tessera::{}: the schema has an argument type the kernel cannot read",
             op.name()
         )));
-    };
-    let values: Vec<Value> = types
+    }
+    let values: Vec<Value> = schema
         .iter()
-        .copied()
+        .filter_map(|(ty, _)| *ty)
         .zip(slots.iter())
         .map(|(ty, &v)| match ty {
             ArgType::Tensor => Value::Tensor(Tensor::from_raw(v as Handle)),
@@ -226,7 +149,7 @@ unsafe fn call(
             }
         })
         .collect();
-    let outs = (op.run)(values)?;
+    let outs = run(op, schema, values)?;
     if outs.len() as u64 != results {
         return Err(OpError::Failed(format!(
             "tessera::{}: made {} results, the schema has {results}",
@@ -268,979 +191,187 @@ pub(crate) fn backend() -> Backend {
     BACKEND.with(Cell::get)
 }
 
-// ---- argument checks ------------------------------------------------------------------
+// ---- running a planned call ------------------------------------------------------------
 
-/// `(5, 3)` / `(5,)` / `()`: a shape as Python prints it (the messages quote shapes so).
-fn py_shape(shape: &[u64]) -> String {
-    match shape {
-        [one] => format!("({one},)"),
-        _ => format!(
-            "({})",
-            shape
-                .iter()
-                .map(u64::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
+/// The tensor of a defined tensor argument, taken out of `value`.
+fn take_tensor(value: &mut Value) -> Option<Tensor> {
+    match std::mem::replace(value, Value::None) {
+        Value::Tensor(t) if t.is_defined() => Some(t),
+        _ => None,
     }
 }
 
-fn bad(message: String) -> OpError {
-    OpError::Bad(message)
-}
-
-/// A checked tensor argument: the tensor, its shape, its dtype code and its name (for
-/// messages).
-struct Arg {
-    tensor: Tensor,
-    shape: Vec<u64>,
-    dtype: i32,
-    name: &'static str,
-}
-
-impl Arg {
-    /// Checks device and dtype (float32, bfloat16 or float16).
-    fn new(value: Value, name: &'static str) -> Result<Arg, OpError> {
-        let tensor = match value {
-            Value::Tensor(t) if t.is_defined() => t,
-            _ => return Err(bad(format!("{name}: expected a tensor, got None"))),
-        };
-        if !tensor.is_cpu() {
-            return Err(bad(format!("{name}: tessera ops run on CPU tensors")));
-        }
-        let t = torch();
-        let dtype = tensor.dtype();
-        if ![t.f32, t.bf16, t.f16].contains(&dtype) {
-            return Err(bad(format!(
-                "{name}: dtype {} is not supported (float32, bfloat16, float16)",
-                t.dtype_name(dtype)
-            )));
-        }
-        Ok(Arg {
-            shape: tensor.shape(),
-            tensor,
-            dtype,
-            name,
-        })
-    }
-
-    /// Checks device and that the dtype is int32, or int64 (PyTorch's index dtype) whose
-    /// values int32 holds, converted (block tables, lengths, offsets).
-    fn int32(value: Value, name: &'static str) -> Result<Arg, OpError> {
-        let tensor = match value {
-            Value::Tensor(t) if t.is_defined() => t,
-            _ => return Err(bad(format!("{name}: expected a tensor, got None"))),
-        };
-        let t = torch();
-        if !tensor.is_cpu() {
-            return Err(bad(format!("{name}: tessera ops run on CPU tensors")));
-        }
-        let tensor = if tensor.dtype() == t.i64 {
-            int32_of(tensor)
-                .map_err(|m| OpError::Checked(CheckKind::Index, format!("{name}: {m}")))?
-        } else {
-            tensor
-        };
-        if tensor.dtype() != t.i32 {
-            return Err(bad(format!(
-                "{name}: expected torch.int32 or torch.int64, got {}",
-                t.dtype_name(tensor.dtype())
-            )));
-        }
-        Ok(Arg {
-            shape: tensor.shape(),
-            tensor,
-            dtype: t.i32,
-            name,
-        })
-    }
-
-    /// The elements of a contiguous int32 argument.
-    fn i32s(&self) -> &[i32] {
-        // SAFETY: a contiguous int32 tensor of `numel` elements, alive as long as `self`.
-        unsafe {
-            std::slice::from_raw_parts(self.tensor.data() as *const i32, self.numel() as usize)
-        }
-    }
-
-    /// Checks that the dtype is `first`'s.
-    fn same_dtype(self, first: &Arg) -> Result<Arg, OpError> {
-        if self.dtype != first.dtype {
-            let t = torch();
-            return Err(bad(format!(
-                "{}: dtype {} differs from the first argument's {}",
-                self.name,
-                t.dtype_name(self.dtype),
-                t.dtype_name(first.dtype)
-            )));
-        }
-        Ok(self)
-    }
-
-    fn rank(self, rank: usize) -> Result<Arg, OpError> {
-        if self.shape.len() != rank {
-            return Err(bad(format!(
-                "{}: expected rank {rank}, got shape {}",
-                self.name,
-                py_shape(&self.shape)
-            )));
-        }
-        Ok(self)
-    }
-
-    fn min_rank(self, rank: usize) -> Result<Arg, OpError> {
-        if self.shape.len() < rank {
-            return Err(bad(format!(
-                "{}: expected at least {rank} dimension(s), got shape {}",
-                self.name,
-                py_shape(&self.shape)
-            )));
-        }
-        Ok(self)
-    }
-
-    /// A 1-D argument with `n` elements.
-    fn vector(self, first: &Arg, n: u64) -> Result<Arg, OpError> {
-        let a = self.same_dtype(first)?.rank(1)?;
-        if a.shape[0] != n {
-            return Err(bad(format!(
-                "{}: expected {n} elements, got {}",
-                a.name, a.shape[0]
-            )));
-        }
-        Ok(a)
-    }
-
-    fn numel(&self) -> u64 {
-        self.shape.iter().product()
-    }
-
-    /// Tessera's name of the dtype.
-    fn dtype_name(&self) -> &'static str {
-        // `new` and `int32` admit only dtypes Tessera has.
-        torch().tessera_dtype(self.dtype).unwrap_or("f32")
-    }
-
-    /// A buffer of the contiguous tensor, seen with `shape`.
-    fn buffer(&self, shape: &[u64]) -> Buffer {
-        (
-            self.tensor.data(),
-            shape.to_vec(),
-            self.dtype_name().to_string(),
-        )
-    }
-
-    fn contiguous(self) -> Result<Arg, OpError> {
-        Ok(Arg {
-            tensor: self.tensor.contiguous().map_err(OpError::Failed)?,
-            ..self
-        })
-    }
-
-    /// A fresh tensor of this dtype.
-    fn empty(&self, shape: &[u64]) -> Result<Tensor, OpError> {
-        Tensor::empty(shape, self.dtype).map_err(OpError::NoMemory)
-    }
-}
-
-/// The arguments in order, as an iterator to take from.
-struct Args(std::vec::IntoIter<Value>);
-
-impl Args {
-    fn tensor(&mut self, name: &'static str) -> Result<Arg, OpError> {
-        Arg::new(self.0.next().unwrap_or(Value::None), name)
-    }
-
-    fn float(&mut self, name: &str) -> Result<Option<f64>, OpError> {
-        match self.0.next() {
-            Some(Value::Float(f)) if f.is_finite() => Ok(Some(f)),
-            Some(Value::Float(f)) => Err(bad(format!("{name}: expected a finite number, got {f}"))),
-            _ => Ok(None),
-        }
-    }
-
-    /// An optional non-negative integer.
-    fn count(&mut self, name: &str) -> Result<Option<u64>, OpError> {
-        match self.0.next() {
-            Some(Value::Int(i)) => u64::try_from(i)
-                .map(Some)
-                .map_err(|_| bad(format!("{name}: expected a non-negative integer, got {i}"))),
-            _ => Ok(None),
-        }
-    }
-
-    fn flag(&mut self) -> bool {
-        matches!(self.0.next(), Some(Value::Bool(true)))
-    }
-}
-
-/// Runs library kernel `kernel` with `params` on the buffers, on this thread's backend.
-fn launch(
-    kernel: &str,
-    params: &[(&str, String)],
-    inputs: &[Buffer],
-    outputs: &[Buffer],
-) -> Result<(), OpError> {
-    let params: Vec<String> = params.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    run_op(kernel, &params, inputs, outputs, backend()).map(drop)
-}
-
-/// `(rows, cols)` of a tensor seen as rows of its last dimension.
-fn rows(shape: &[u64]) -> (u64, u64) {
-    let cols = *shape.last().unwrap_or(&1);
-    let n: u64 = shape.iter().product();
-    (n.checked_div(cols).unwrap_or(0), cols)
-}
-
-/// A fresh tensor of `like`'s dtype and `shape`, zeroed (all-zero bits are 0.0 in f32,
-/// bf16 and f16).
-fn zeros(like: &Arg, shape: &[u64]) -> Result<Tensor, OpError> {
-    let t = like.empty(shape)?;
-    let bytes = shape.iter().product::<u64>() * if like.dtype_name() == "f32" { 4 } else { 2 };
-    // SAFETY: `t` is a fresh contiguous tensor of exactly `bytes` bytes.
-    unsafe { std::ptr::write_bytes(t.data() as *mut u8, 0, bytes as usize) };
-    Ok(t)
-}
-
-// ---- the ops -------------------------------------------------------------------------
-
-/// The row-wise ops: softmax, rms_norm, layer_norm, swiglu (one output like the first
-/// input, run on `[rows, cols]`). `rest` are the other inputs, each with whether it is
-/// a per-column vector (`[cols]`) rather than shaped like `first`.
-fn row_op(
-    kernel: &str,
-    first: Arg,
-    rest: Vec<(Arg, bool)>,
-    eps: Option<f64>,
-) -> Result<Vec<Tensor>, OpError> {
-    let out = first.empty(&first.shape)?;
-    if first.numel() == 0 {
-        return Ok(vec![out]);
-    }
-    let (r, c) = rows(&first.shape);
-    let first = first.contiguous()?;
-    let rest = rest
-        .into_iter()
-        .map(|(a, vector)| Ok((a.contiguous()?, vector)))
-        .collect::<Result<Vec<_>, OpError>>()?;
-    let mut params = vec![
-        ("rows", r.to_string()),
-        ("cols", c.to_string()),
-        ("dtype", first.dtype_name().into()),
-    ];
-    if let Some(eps) = eps {
-        params.push(("eps", eps.to_string()));
-    }
-    let mut inputs = vec![first.buffer(&[r, c])];
-    for (a, vector) in &rest {
-        let shape = if *vector { vec![c] } else { vec![r, c] };
-        inputs.push(a.buffer(&shape));
-    }
-    let output = (out.data(), vec![r, c], first.dtype_name().to_string());
-    launch(kernel, &params, &inputs, &[output])?;
-    Ok(vec![out])
-}
-
-fn softmax(args: Vec<Value>) -> Result<Vec<Tensor>, OpError> {
-    let mut a = Args(args.into_iter());
-    let x = a.tensor("x")?.min_rank(1)?;
-    row_op("softmax", x, vec![], None)
-}
-
-fn rms_norm(args: Vec<Value>) -> Result<Vec<Tensor>, OpError> {
-    let mut a = Args(args.into_iter());
-    let x = a.tensor("x")?.min_rank(1)?;
-    let cols = *x.shape.last().unwrap_or(&0);
-    let w = a.tensor("weight")?.vector(&x, cols)?;
-    let eps = a.float("eps")?;
-    row_op("rms_norm", x, vec![(w, true)], eps)
-}
-
-fn layer_norm(args: Vec<Value>) -> Result<Vec<Tensor>, OpError> {
-    let mut a = Args(args.into_iter());
-    let x = a.tensor("x")?.min_rank(1)?;
-    let cols = *x.shape.last().unwrap_or(&0);
-    let w = a.tensor("weight")?.vector(&x, cols)?;
-    let b = a.tensor("bias")?.vector(&x, cols)?;
-    let eps = a.float("eps")?;
-    row_op("layer_norm", x, vec![(w, true), (b, true)], eps)
-}
-
-fn swiglu(args: Vec<Value>) -> Result<Vec<Tensor>, OpError> {
-    let mut a = Args(args.into_iter());
-    let gate = a.tensor("gate")?.min_rank(1)?;
-    let up = a.tensor("up")?.same_dtype(&gate)?;
-    if up.shape != gate.shape {
-        return Err(bad(format!(
-            "up: shape {} differs from gate's {}",
-            py_shape(&up.shape),
-            py_shape(&gate.shape)
-        )));
-    }
-    row_op("swiglu", gate, vec![(up, false)], None)
-}
-
-fn matmul(args: Vec<Value>) -> Result<Vec<Tensor>, OpError> {
-    let mut a = Args(args.into_iter());
-    let x = a.tensor("x")?.rank(2)?;
-    let y = a.tensor("y")?.rank(2)?.same_dtype(&x)?;
-    if x.shape[1] != y.shape[0] {
-        return Err(bad(format!(
-            "y: expected {} rows to match x, got shape {}",
-            x.shape[1],
-            py_shape(&y.shape)
-        )));
-    }
-    let (m, k, n) = (x.shape[0], x.shape[1], y.shape[1]);
-    if m * n * k == 0 {
-        return Ok(vec![zeros(&x, &[m, n])?]);
-    }
-    let out = x.empty(&[m, n])?;
-    let (x, y) = (x.contiguous()?, y.contiguous()?);
-    let dt = x.dtype_name().to_string();
-    let params = [
-        ("m", m.to_string()),
-        ("k", k.to_string()),
-        ("n", n.to_string()),
-        ("dtype", dt.clone()),
-    ];
-    let inputs = [x.buffer(&[m, k]), y.buffer(&[k, n])];
-    launch("matmul", &params, &inputs, &[(out.data(), vec![m, n], dt)])?;
-    Ok(vec![out])
-}
-
-fn rope(args: Vec<Value>) -> Result<Vec<Tensor>, OpError> {
-    let mut a = Args(args.into_iter());
-    let x = a.tensor("x")?.rank(4)?;
-    let (b, h, s, d) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
-    let mut tables = vec![];
-    for name in ["cos", "sin"] {
-        let t = a.tensor(name)?.rank(2)?.same_dtype(&x)?;
-        if t.shape != [s, d] {
-            return Err(bad(format!(
-                "{name}: expected shape {}, got {}",
-                py_shape(&[s, d]),
-                py_shape(&t.shape)
-            )));
-        }
-        tables.push(t.contiguous()?);
-    }
-    if d % 2 == 1 {
-        return Err(bad(format!(
-            "x: rotary embedding needs an even head_dim, got {d}"
-        )));
-    }
-    let out = x.empty(&x.shape)?;
-    if x.numel() == 0 {
-        return Ok(vec![out]);
-    }
-    let x = x.contiguous()?;
-    let dt = x.dtype_name().to_string();
-    let params = [
-        ("batch", b.to_string()),
-        ("heads", h.to_string()),
-        ("seq", s.to_string()),
-        ("head_dim", d.to_string()),
-        ("dtype", dt.clone()),
-    ];
-    let inputs = [
-        x.buffer(&x.shape),
-        tables[0].buffer(&[s, d]),
-        tables[1].buffer(&[s, d]),
-    ];
-    launch(
-        "rope",
-        &params,
-        &inputs,
-        &[(out.data(), x.shape.clone(), dt)],
-    )?;
-    Ok(vec![out])
-}
-
-/// Checked attention arguments and the kernel parameters.
-struct Attention {
-    q: Arg,
-    k: Arg,
-    v: Arg,
-    params: Vec<(&'static str, String)>,
-    /// The score mask as the kernel takes it: additive f32 `[batch or 1, 1, q_len, kv_len]`.
-    mask: Option<Tensor>,
-}
-
-impl Attention {
-    fn new(a: &mut Args) -> Result<Attention, OpError> {
-        let q = a.tensor("query")?.rank(4)?;
-        let k = a.tensor("key")?.rank(4)?.same_dtype(&q)?;
-        let v = a.tensor("value")?.rank(4)?.same_dtype(&q)?;
-        if q.dtype_name() == "f16" {
-            return Err(bad(
-                "query: flash_attention takes float32 or bfloat16, got torch.float16".into(),
-            ));
-        }
-        let (b, h, sq, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
-        if k.shape[0] != b || k.shape[3] != d || k.shape != v.shape {
-            return Err(bad(format!(
-                "key/value: shapes {}/{} do not match query {}",
-                py_shape(&k.shape),
-                py_shape(&v.shape),
-                py_shape(&q.shape)
-            )));
-        }
-        let (hkv, sk) = (k.shape[1], k.shape[2]);
-        check_heads(h, hkv, d)?;
-        let params = vec![
-            ("batch", b.to_string()),
-            ("heads", h.to_string()),
-            ("kv_heads", hkv.to_string()),
-            ("q_len", sq.to_string()),
-            ("kv_len", sk.to_string()),
-            ("head_dim", d.to_string()),
-            ("dtype", q.dtype_name().to_string()),
-        ];
-        Ok(Attention {
-            q,
-            k,
-            v,
-            params,
-            mask: None,
-        })
-    }
-
-    /// Reads the optional score mask: boolean (true: the query sees the key) or additive
-    /// float, broadcastable to `[batch, heads, q_len, kv_len]` as SDPA's `attn_mask`,
-    /// the same for every head. Made the kernel's f32 `[batch or 1, 1, q_len, kv_len]`.
-    fn score_mask(&mut self, a: &mut Args) -> Result<(), OpError> {
-        let mask = match a.0.next() {
-            Some(Value::Tensor(t)) if t.is_defined() => t,
-            _ => return Ok(()),
-        };
-        if !mask.is_cpu() {
-            return Err(bad("mask: tessera ops run on CPU tensors".into()));
-        }
-        let t = torch();
-        let dtype = mask.dtype();
-        if ![t.bool, t.f32, t.bf16, t.f16].contains(&dtype) {
-            return Err(bad(format!(
-                "mask: expected a boolean or floating mask, got {}",
-                t.dtype_name(dtype)
-            )));
-        }
-        let (b, h, sq) = (self.q.shape[0], self.q.shape[1], self.q.shape[2]);
-        let full = [b, h, sq, self.k.shape[2]];
-        let shape = mask.shape();
-        // Right-aligned as broadcasting aligns: [.., heads, q_len, kv_len].
-        let lead = 4usize.saturating_sub(shape.len());
-        let broadcasts = shape.len() <= 4
-            && shape
-                .iter()
-                .zip(&full[lead..])
-                .all(|(&m, &f)| m == f || m == 1);
-        let per_head = shape.len() >= 3 && shape[shape.len() - 3] != 1;
-        if !broadcasts {
-            return Err(bad(format!(
-                "mask: shape {} does not broadcast to {}",
-                py_shape(&shape),
-                py_shape(&full)
-            )));
-        }
-        if per_head {
-            return Err(bad(format!(
-                "mask: shape {} has a mask per head; the kernel takes one for every head \
-                 ([batch or 1, 1, q_len, kv_len])",
-                py_shape(&shape)
-            )));
-        }
-        let per_batch = shape.len() == 4 && shape[0] == b && b > 1;
-        let kernel_shape = [if per_batch { b } else { 1 }, 1, sq, self.k.shape[2]];
-        let additive = Tensor::empty(&kernel_shape, t.f32).map_err(OpError::NoMemory)?;
-        additive.copy_from(&mask).map_err(OpError::Failed)?;
-        if dtype == t.bool {
-            let n = kernel_shape.iter().product::<u64>() as usize;
-            // SAFETY: `additive` is a fresh contiguous f32 tensor of `n` elements.
-            let values = unsafe { std::slice::from_raw_parts_mut(additive.data() as *mut f32, n) };
-            for x in values {
-                *x = if *x != 0.0 { 0.0 } else { f32::NEG_INFINITY };
+/// What the op's checks see of an argument (and that a tensor is on the CPU).
+fn meta(value: &Value, name: &str) -> Result<torch_op::Value, OpError> {
+    Ok(match value {
+        Value::Tensor(t) if t.is_defined() => {
+            if !t.is_cpu() {
+                return Err(OpError::Bad(format!(
+                    "{name}: tessera ops run on CPU tensors"
+                )));
             }
+            torch_op::Value::Tensor(Meta {
+                shape: t.shape(),
+                dtype: torch().dtype_name(t.dtype()),
+                device: "cpu".into(),
+            })
         }
-        let kind = if per_batch { "batch" } else { "shared" };
-        self.params.push(("mask", kind.to_string()));
-        self.mask = Some(additive);
-        Ok(())
-    }
-
-    /// The score mask's buffer, if there is one.
-    fn mask_buffer(&self) -> Option<Buffer> {
-        let m = self.mask.as_ref()?;
-        Some((m.data(), m.shape(), "f32".to_string()))
-    }
-
-    /// Adds `causal` and the `scale` when given (the kernel's default is
-    /// `1/sqrt(head_dim)`; leaving it out keeps the problem the one `tessera tune` stores).
-    fn options(&mut self, causal: bool, scale: Option<f64>) {
-        self.params.push(("causal", causal.to_string()));
-        if let Some(scale) = scale {
-            self.params.push(("scale", format!("{scale:?}")));
-        }
-    }
-
-    /// Reads and adds the sliding `window` and the `softcap` (both optional).
-    fn window_and_softcap(&mut self, a: &mut Args) -> Result<(), OpError> {
-        if let Some(w) = a.count("window")? {
-            self.params.push(("window", w.to_string()));
-        }
-        match a.float("softcap")? {
-            Some(cap) if cap <= 0.0 => {
-                return Err(bad(format!(
-                    "softcap: expected a positive number, got {cap:?}"
-                )))
-            }
-            Some(cap) => self.params.push(("softcap", format!("{cap:?}"))),
-            None => {}
-        }
-        Ok(())
-    }
-
-    fn empty(&self) -> bool {
-        self.q.numel() == 0 || self.k.numel() == 0
-    }
-
-    /// The forward's output and log-sum-exp `[batch, heads, q_len, 1]`, if saved.
-    fn saved(&self, a: &mut Args) -> Result<Option<(Arg, Arg)>, OpError> {
-        let lse_shape = [self.q.shape[0], self.q.shape[1], self.q.shape[2], 1];
-        saved_forward(a, &self.q, &lse_shape)
-    }
-
-    /// The forward: output and log-sum-exp `[batch, heads, q_len, 1]` (f32).
-    fn forward(self) -> Result<Vec<Tensor>, OpError> {
-        let lse_shape = [self.q.shape[0], self.q.shape[1], self.q.shape[2], 1];
-        if self.empty() {
-            return no_keys(&self.q, &lse_shape);
-        }
-        let lse = Tensor::empty(&lse_shape, torch().f32).map_err(OpError::NoMemory)?;
-        let out = self.q.empty(&self.q.shape)?;
-        let mask = self.mask_buffer();
-        let (q, k, v) = (
-            self.q.contiguous()?,
-            self.k.contiguous()?,
-            self.v.contiguous()?,
-        );
-        let mut inputs = vec![q.buffer(&q.shape), k.buffer(&k.shape), v.buffer(&v.shape)];
-        inputs.extend(mask);
-        let outputs = [
-            (out.data(), q.shape.clone(), q.dtype_name().to_string()),
-            (lse.data(), lse_shape.to_vec(), "f32".to_string()),
-        ];
-        launch("flash_attention", &self.params, &inputs, &outputs)?;
-        Ok(vec![out, lse])
-    }
-}
-
-/// Attention's head counts (GQA: the kv heads divide the query heads) and head dim.
-fn check_heads(heads: u64, kv_heads: u64, head_dim: u64) -> Result<(), OpError> {
-    if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
-        return Err(bad(format!(
-            "key: {kv_heads} heads do not divide the query's {heads} heads"
-        )));
-    }
-    if head_dim == 0 {
-        return Err(bad("query: head_dim must be at least 1".into()));
-    }
-    Ok(())
-}
-
-/// The forward's output and log-sum-exp (`lse_shape`, f32), when the caller saved them
-/// (both or neither), checked against the query and made contiguous.
-fn saved_forward(a: &mut Args, q: &Arg, lse_shape: &[u64]) -> Result<Option<(Arg, Arg)>, OpError> {
-    let (out, lse) = match (a.0.next(), a.0.next()) {
-        (Some(Value::Tensor(o)), Some(Value::Tensor(l))) => (o, l),
-        (None | Some(Value::None), None | Some(Value::None)) => return Ok(None),
-        _ => {
-            return Err(bad(
-                "out/lse: pass both of the forward's results or neither".into(),
-            ))
-        }
-    };
-    let out = Arg::new(Value::Tensor(out), "out")?.same_dtype(q)?;
-    let lse = Arg::new(Value::Tensor(lse), "lse")?;
-    if out.shape != q.shape || lse.shape != lse_shape || lse.dtype != torch().f32 {
-        return Err(bad(format!(
-            "out/lse: expected the forward's {} output and float32 {} log-sum-exp, got {} and {} {}",
-            py_shape(&q.shape),
-            py_shape(lse_shape),
-            py_shape(&out.shape),
-            torch().dtype_name(lse.dtype),
-            py_shape(&lse.shape)
-        )));
-    }
-    Ok(Some((out.contiguous()?, lse.contiguous()?)))
-}
-
-/// The forward's results when queries see no keys: output 0, log-sum-exp -inf (as
-/// PyTorch's SDPA).
-fn no_keys(q: &Arg, lse_shape: &[u64]) -> Result<Vec<Tensor>, OpError> {
-    let lse = Tensor::empty(lse_shape, torch().f32).map_err(OpError::NoMemory)?;
-    let n = lse_shape.iter().product::<u64>() as usize;
-    // SAFETY: `lse` is a fresh contiguous f32 tensor of `n` elements.
-    unsafe { std::slice::from_raw_parts_mut(lse.data() as *mut f32, n) }.fill(f32::NEG_INFINITY);
-    Ok(vec![zeros(q, &q.shape)?, lse])
-}
-
-/// Fresh tensors shaped like q, k and v for their gradients; `zeroed` when no work will
-/// write them (no queries or no keys).
-fn gradients_like(qkv: [&Arg; 3], zeroed: bool) -> Result<Vec<Tensor>, OpError> {
-    qkv.iter()
-        .map(|t| {
-            if zeroed {
-                zeros(t, &t.shape)
-            } else {
-                t.empty(&t.shape)
-            }
-        })
-        .collect()
-}
-
-/// `grad` in `like`'s dtype, contiguous (a conversion copies into fresh contiguous
-/// memory already).
-fn grad_like(grad: Arg, like: &Arg) -> Result<Arg, OpError> {
-    if grad.dtype == like.dtype {
-        grad.contiguous()
-    } else {
-        convert(grad, like)
-    }
-}
-
-fn flash_attention_fwd(args: Vec<Value>) -> Result<Vec<Tensor>, OpError> {
-    let mut a = Args(args.into_iter());
-    let mut att = Attention::new(&mut a)?;
-    let causal = a.flag();
-    let scale = a.float("scale")?;
-    att.options(causal, scale);
-    att.window_and_softcap(&mut a)?;
-    att.score_mask(&mut a)?;
-    att.forward()
-}
-
-fn flash_attention(args: Vec<Value>) -> Result<Vec<Tensor>, OpError> {
-    let mut outs = flash_attention_fwd(args)?;
-    outs.truncate(1);
-    Ok(outs)
-}
-
-fn flash_attention_bwd(args: Vec<Value>) -> Result<Vec<Tensor>, OpError> {
-    let mut a = Args(args.into_iter());
-    let mut att = Attention::new(&mut a)?;
-    let grad = Arg::new(a.0.next().unwrap_or(Value::None), "grad_out")?.rank(4)?;
-    if grad.shape != att.q.shape {
-        return Err(bad(format!(
-            "grad_out: shape {} differs from query's {}",
-            py_shape(&grad.shape),
-            py_shape(&att.q.shape)
-        )));
-    }
-    let causal = a.flag();
-    let scale = a.float("scale")?;
-    att.options(causal, scale);
-    let saved = att.saved(&mut a)?;
-    att.window_and_softcap(&mut a)?;
-    att.score_mask(&mut a)?;
-    if att.empty() {
-        return gradients_like([&att.q, &att.k, &att.v], true);
-    }
-    let grads = gradients_like([&att.q, &att.k, &att.v], false)?;
-    let grad = grad_like(grad, &att.q)?;
-    let mask = att.mask_buffer();
-    let (q, k, v) = (
-        att.q.contiguous()?,
-        att.k.contiguous()?,
-        att.v.contiguous()?,
-    );
-    let mut inputs = vec![
-        q.buffer(&q.shape),
-        k.buffer(&k.shape),
-        v.buffer(&v.shape),
-        grad.buffer(&q.shape),
-    ];
-    if let Some((out, lse)) = saved {
-        inputs.extend([out.buffer(&out.shape), lse.buffer(&lse.shape)]);
-    }
-    inputs.extend(mask);
-    let outputs: Vec<Buffer> = grads
-        .iter()
-        .zip([&q, &k, &v])
-        .map(|(g, t)| (g.data(), t.shape.clone(), t.dtype_name().to_string()))
-        .collect();
-    launch("flash_attention_bwd", &att.params, &inputs, &outputs)?;
-    Ok(grads)
-}
-
-/// Decode attention over a paged KV cache: `q [batch, heads, head_dim]`, caches
-/// `[kv_heads, num_pages, page_size, head_dim]`, an int32 `[batch, max_pages]` block table
-/// and int32 `[batch]` lengths, checked before anything runs.
-fn paged_attention(args: Vec<Value>) -> Result<Vec<Tensor>, OpError> {
-    let mut a = Args(args.into_iter());
-    let q = a.tensor("query")?.rank(3)?;
-    if q.dtype_name() == "f16" {
-        return Err(bad(
-            "query: paged_attention takes float32 or bfloat16, got torch.float16".into(),
-        ));
-    }
-    let k = a.tensor("k_cache")?.rank(4)?.same_dtype(&q)?;
-    let v = a.tensor("v_cache")?.rank(4)?.same_dtype(&q)?;
-    let table = Arg::int32(a.0.next().unwrap_or(Value::None), "block_table")?.rank(2)?;
-    let lens = Arg::int32(a.0.next().unwrap_or(Value::None), "context_lens")?.rank(1)?;
-    let scale = a.float("scale")?;
-    let (b, h, d) = (q.shape[0], q.shape[1], q.shape[2]);
-    let (hkv, pages, ps) = (k.shape[0], k.shape[1], k.shape[2]);
-    if k.shape != v.shape || k.shape[3] != d {
-        return Err(bad(format!(
-            "k_cache/v_cache: shapes {}/{} must be equal [kv_heads, num_pages, page_size, {d}]",
-            py_shape(&k.shape),
-            py_shape(&v.shape)
-        )));
-    }
-    if hkv == 0 || h % hkv != 0 {
-        return Err(bad(format!(
-            "k_cache: {hkv} kv heads do not divide the query's {h} heads"
-        )));
-    }
-    if table.shape[0] != b || lens.shape != [b] {
-        return Err(bad(format!(
-            "block_table/context_lens: shapes {}/{} do not match the query's batch of {b}",
-            py_shape(&table.shape),
-            py_shape(&lens.shape)
-        )));
-    }
-    let (table, lens) = (table.contiguous()?, lens.contiguous()?);
-    let max_pages = table.shape[1];
-    kernels::check_block_tables(table.i32s(), lens.i32s(), max_pages, ps, pages).map_err(bad)?;
-    if q.numel() == 0 || k.numel() == 0 || max_pages == 0 {
-        // No queries, or no tokens (the check above allows only empty contexts).
-        return Ok(vec![zeros(&q, &q.shape)?]);
-    }
-    let out = q.empty(&q.shape)?;
-    let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
-    let scale = scale.unwrap_or(1.0 / (d as f64).sqrt());
-    let params = [
-        ("batch", b.to_string()),
-        ("heads", h.to_string()),
-        ("kv_heads", hkv.to_string()),
-        ("head_dim", d.to_string()),
-        ("page_size", ps.to_string()),
-        ("num_pages", pages.to_string()),
-        ("max_pages", max_pages.to_string()),
-        ("scale", format!("{scale:?}")),
-        ("dtype", q.dtype_name().to_string()),
-    ];
-    // The kernel's order: the scalar-prefetch operands first.
-    let inputs = [
-        table.buffer(&table.shape),
-        lens.buffer(&lens.shape),
-        q.buffer(&q.shape),
-        k.buffer(&k.shape),
-        v.buffer(&v.shape),
-    ];
-    let outputs = [(out.data(), q.shape.clone(), q.dtype_name().to_string())];
-    launch("paged_attention", &params, &inputs, &outputs)?;
-    Ok(vec![out])
-}
-
-/// Checked varlen attention arguments (packed `[heads, tokens, head_dim]` q/k/v and
-/// int32 offsets, checked before anything runs) and the kernel parameters.
-struct Varlen {
-    q: Arg,
-    k: Arg,
-    v: Arg,
-    cu_q: Arg,
-    cu_k: Arg,
-    params: Vec<(&'static str, String)>,
-}
-
-impl Varlen {
-    /// Reads `q, k, v`, then (after `grad_out` for the backward, read by the caller
-    /// through `between`) the offsets, `is_causal` and `scale`.
-    fn new(
-        a: &mut Args,
-        between: impl FnOnce(&mut Args, &Arg) -> Result<(), OpError>,
-    ) -> Result<Varlen, OpError> {
-        let q = a.tensor("query")?.rank(3)?;
-        let k = a.tensor("key")?.rank(3)?.same_dtype(&q)?;
-        let v = a.tensor("value")?.rank(3)?.same_dtype(&q)?;
-        if q.dtype_name() == "f16" {
-            return Err(bad(
-                "query: varlen_attention takes float32 or bfloat16, got torch.float16".into(),
-            ));
-        }
-        let (h, tq, d) = (q.shape[0], q.shape[1], q.shape[2]);
-        if k.shape != v.shape || k.shape[2] != d {
-            return Err(bad(format!(
-                "key/value: shapes {}/{} must be equal [kv_heads, total_k, {d}]",
-                py_shape(&k.shape),
-                py_shape(&v.shape)
-            )));
-        }
-        let (hkv, tk) = (k.shape[0], k.shape[1]);
-        check_heads(h, hkv, d)?;
-        between(a, &q)?;
-        let offsets = |a: &mut Args, name| {
-            Arg::int32(a.0.next().unwrap_or(Value::None), name)?
-                .rank(1)?
-                .contiguous()
-        };
-        let cu_q = offsets(a, "cu_seqlens_q")?;
-        let cu_k = offsets(a, "cu_seqlens_k")?;
-        if cu_q.shape != cu_k.shape || cu_q.shape[0] == 0 {
-            return Err(bad(format!(
-                "cu_seqlens_q/cu_seqlens_k: shapes {}/{} must be equal (batch + 1,)",
-                py_shape(&cu_q.shape),
-                py_shape(&cu_k.shape)
-            )));
-        }
-        let batch = cu_q.shape[0] - 1;
-        kernels::check_cu_seqlens("cu_seqlens_q", cu_q.i32s(), batch, tq).map_err(bad)?;
-        kernels::check_cu_seqlens("cu_seqlens_k", cu_k.i32s(), batch, tk).map_err(bad)?;
-        let causal = a.flag();
-        let mut params = vec![
-            ("batch", batch.to_string()),
-            ("heads", h.to_string()),
-            ("kv_heads", hkv.to_string()),
-            ("total_q", tq.to_string()),
-            ("total_k", tk.to_string()),
-            ("head_dim", d.to_string()),
-            ("causal", causal.to_string()),
-            ("dtype", q.dtype_name().to_string()),
-        ];
-        // The kernel's default scale is 1/sqrt(head_dim): given only when the caller set
-        // one, so the problem is the one `tessera tune` stores.
-        if let Some(scale) = a.float("scale")? {
-            params.push(("scale", format!("{scale:?}")));
-        }
-        Ok(Varlen {
-            q,
-            k,
-            v,
-            cu_q,
-            cu_k,
-            params,
-        })
-    }
-
-    fn empty(&self) -> bool {
-        self.q.numel() == 0 || self.k.numel() == 0
-    }
-
-    fn lse_shape(&self) -> [u64; 3] {
-        [self.q.shape[0], self.q.shape[1], 1]
-    }
-
-    /// q, k and v made contiguous.
-    fn into_contiguous(self) -> Result<Varlen, OpError> {
-        Ok(Varlen {
-            q: self.q.contiguous()?,
-            k: self.k.contiguous()?,
-            v: self.v.contiguous()?,
-            ..self
-        })
-    }
-
-    /// The kernel's inputs: `q, k, v`, then `extra`, then the offsets (`self` contiguous).
-    fn buffers(&self, extra: &[&Arg]) -> Vec<Buffer> {
-        let (q, k, v) = (&self.q, &self.k, &self.v);
-        let mut b = vec![q.buffer(&q.shape), k.buffer(&k.shape), v.buffer(&v.shape)];
-        b.extend(extra.iter().map(|a| a.buffer(&a.shape)));
-        b.extend([
-            self.cu_q.buffer(&self.cu_q.shape),
-            self.cu_k.buffer(&self.cu_k.shape),
-        ]);
-        b
-    }
-}
-
-fn varlen_attention_fwd(args: Vec<Value>) -> Result<Vec<Tensor>, OpError> {
-    let att = Varlen::new(&mut Args(args.into_iter()), |_, _| Ok(()))?;
-    let lse_shape = att.lse_shape();
-    if att.empty() {
-        return no_keys(&att.q, &lse_shape);
-    }
-    let lse = Tensor::empty(&lse_shape, torch().f32).map_err(OpError::NoMemory)?;
-    let out = att.q.empty(&att.q.shape)?;
-    let att = att.into_contiguous()?;
-    let outputs = [
-        (
-            out.data(),
-            att.q.shape.clone(),
-            att.q.dtype_name().to_string(),
-        ),
-        (lse.data(), lse_shape.to_vec(), "f32".to_string()),
-    ];
-    launch("varlen_attention", &att.params, &att.buffers(&[]), &outputs)?;
-    Ok(vec![out, lse])
-}
-
-fn varlen_attention(args: Vec<Value>) -> Result<Vec<Tensor>, OpError> {
-    let mut outs = varlen_attention_fwd(args)?;
-    outs.truncate(1);
-    Ok(outs)
-}
-
-fn varlen_attention_bwd(args: Vec<Value>) -> Result<Vec<Tensor>, OpError> {
-    let mut a = Args(args.into_iter());
-    let mut grad = None;
-    let att = Varlen::new(&mut a, |a, q| {
-        let g = a.tensor("grad_out")?.rank(3)?;
-        if g.shape != q.shape {
-            return Err(bad(format!(
-                "grad_out: shape {} differs from query's {}",
-                py_shape(&g.shape),
-                py_shape(&q.shape)
-            )));
-        }
-        grad = Some(g);
-        Ok(())
-    })?;
-    let saved = saved_forward(&mut a, &att.q, &att.lse_shape())?;
-    if att.empty() {
-        return gradients_like([&att.q, &att.k, &att.v], true);
-    }
-    let grads = gradients_like([&att.q, &att.k, &att.v], false)?;
-    let grad = grad_like(grad.expect("read by Varlen::new"), &att.q)?;
-    let att = att.into_contiguous()?;
-    let mut inputs = att.buffers(&[&grad]);
-    if let Some((out, lse)) = &saved {
-        inputs.extend([out.buffer(&out.shape), lse.buffer(&lse.shape)]);
-    }
-    let outputs: Vec<Buffer> = grads
-        .iter()
-        .zip([&att.q, &att.k, &att.v])
-        .map(|(g, t)| (g.data(), t.shape.clone(), t.dtype_name().to_string()))
-        .collect();
-    launch("varlen_attention_bwd", &att.params, &inputs, &outputs)?;
-    Ok(grads)
-}
-
-/// `a` converted to `like`'s dtype (PyTorch's copy converts).
-fn convert(a: Arg, like: &Arg) -> Result<Arg, OpError> {
-    let copy = like.empty(&a.shape)?;
-    copy.copy_from(&a.tensor).map_err(OpError::Failed)?;
-    Ok(Arg {
-        tensor: copy,
-        dtype: like.dtype,
-        ..a
+        Value::Float(f) => torch_op::Value::Float(*f),
+        Value::Int(i) => torch_op::Value::Int(*i),
+        Value::Bool(b) => torch_op::Value::Bool(*b),
+        Value::Tensor(_) | Value::None => torch_op::Value::None,
     })
+}
+
+/// Checks and plans a call of `op`, then runs it: the results, of which the op returns
+/// the first [`OpSpec::returns`].
+fn run(op: &OpSpec, schema: &[SchemaArg], mut values: Vec<Value>) -> Result<Vec<Tensor>, OpError> {
+    let metas = values
+        .iter()
+        .zip(schema)
+        .map(|(v, (_, name))| meta(v, name))
+        .collect::<Result<Vec<_>, _>>()?;
+    let plan = (op.plan)(&metas).map_err(OpError::Bad)?;
+    let mut operands = Vec::with_capacity(plan.inputs.len());
+    for operand in &plan.inputs {
+        let name = schema.get(operand.arg).map_or("", |(_, n)| n);
+        let tensor = values
+            .get_mut(operand.arg)
+            .and_then(take_tensor)
+            .ok_or_else(|| OpError::Failed(format!("{name}: the plan names a missing tensor")))?;
+        operands.push(prepare(tensor, operand, name)?);
+    }
+    if let Some(check) = &plan.check_indices {
+        let ints: Vec<&[i32]> = plan
+            .inputs
+            .iter()
+            .zip(&operands)
+            .filter(|(o, _)| o.dtype == kernel_ir::DType::I32)
+            .map(|(o, t)| {
+                // SAFETY: a contiguous int32 tensor of the operand's element count,
+                // alive as long as `operands`.
+                unsafe { std::slice::from_raw_parts(t.data() as *const i32, numel(&o.shape)) }
+            })
+            .collect();
+        check(&ints).map_err(OpError::Bad)?;
+    }
+    let results = op
+        .outputs
+        .iter()
+        .map(|out| {
+            let m = out.eval(&metas);
+            let code = torch_op::tessera_dtype(&m.dtype)
+                .and_then(|d| torch().dtype_code(d.name()))
+                .unwrap_or(torch().f32);
+            Tensor::empty(&m.shape, code).map_err(OpError::NoMemory)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if plan.launch {
+        let inputs: Vec<Buffer> = plan
+            .inputs
+            .iter()
+            .zip(&operands)
+            .map(|(o, t)| (t.data(), o.shape.clone(), o.dtype.name().to_string()))
+            .collect();
+        let outputs: Vec<Buffer> = plan
+            .outputs
+            .iter()
+            .zip(&results)
+            .map(|(shape, t)| (t.data(), shape.clone(), dtype_of(t)))
+            .collect();
+        let params: Vec<String> = plan
+            .params
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        run_op(plan.kernel, &params, &inputs, &outputs, backend())?;
+    } else {
+        for (out, t) in op.outputs.iter().zip(&results) {
+            fill(t, out.empty);
+        }
+    }
+    let mut results = results;
+    results.truncate(op.returns);
+    Ok(results)
+}
+
+fn numel(shape: &[u64]) -> usize {
+    shape.iter().product::<u64>() as usize
+}
+
+/// Tessera's name of a result's dtype.
+fn dtype_of(t: &Tensor) -> String {
+    torch()
+        .tessera_dtype(t.dtype())
+        .unwrap_or("f32")
+        .to_string()
+}
+
+/// The argument `tensor` as the kernel takes operand `o`: contiguous, of its dtype (int64
+/// indices checked into int32; a gradient converted), a score mask made additive f32 of
+/// the operand's shape.
+fn prepare(tensor: Tensor, o: &Operand, name: &str) -> Result<Tensor, OpError> {
+    let t = torch();
+    let want = t.dtype_code(o.dtype.name()).unwrap_or(t.f32);
+    match o.form {
+        Form::ScoreMask => score_mask(&tensor, &o.shape),
+        Form::Data if tensor.dtype() == want => tensor.contiguous().map_err(OpError::Failed),
+        Form::Data if tensor.dtype() == t.i64 => {
+            int32_of(tensor).map_err(|m| OpError::Checked(CheckKind::Index, format!("{name}: {m}")))
+        }
+        Form::Data => {
+            let copy = Tensor::empty(&tensor.shape(), want).map_err(OpError::NoMemory)?;
+            copy.copy_from(&tensor).map_err(OpError::Failed)?;
+            Ok(copy)
+        }
+    }
+}
+
+/// A score mask (boolean: true where the query sees the key; or additive float) as
+/// the kernel takes it: additive f32 of `shape` (broadcast; a hidden key -inf).
+fn score_mask(mask: &Tensor, shape: &[u64]) -> Result<Tensor, OpError> {
+    let t = torch();
+    let additive = Tensor::empty(shape, t.f32).map_err(OpError::NoMemory)?;
+    additive.copy_from(mask).map_err(OpError::Failed)?;
+    if mask.dtype() == t.bool {
+        // SAFETY: `additive` is a fresh contiguous f32 tensor of `shape`.
+        let values =
+            unsafe { std::slice::from_raw_parts_mut(additive.data() as *mut f32, numel(shape)) };
+        for x in values {
+            *x = if *x != 0.0 { 0.0 } else { f32::NEG_INFINITY };
+        }
+    }
+    Ok(additive)
+}
+
+/// Fills a fresh contiguous result with `value` (0, or -inf for a float32 log-sum-exp).
+fn fill(t: &Tensor, value: f32) {
+    let n = numel(&t.shape());
+    if value == 0.0 {
+        let bytes = n * if dtype_of(t) == "f32" { 4 } else { 2 };
+        // SAFETY: `t` is a fresh contiguous tensor of exactly `bytes` bytes (f32, bf16
+        // or f16: all-zero bits are 0.0 in each).
+        unsafe { std::ptr::write_bytes(t.data() as *mut u8, 0, bytes) };
+    } else {
+        // SAFETY: only float32 results (log-sum-exps) have a nonzero empty value.
+        unsafe { std::slice::from_raw_parts_mut(t.data() as *mut f32, n) }.fill(value);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Every schema argument has a type the kernels read.
+    /// Every schema argument has a type the kernels read, and every op a slot.
     #[test]
     fn every_schema_argument_type_is_read() {
-        for (i, op) in OPS.iter().enumerate() {
+        assert!(ops().len() <= SLOTS, "{} ops, {SLOTS} slots", ops().len());
+        for (i, op) in ops().iter().enumerate() {
+            let args = schema_args(i);
             assert!(
-                arg_types(i).is_some(),
-                "{}: {:?}",
-                op.schema,
-                op.parse_arg_types()
+                args.iter().all(|(ty, _)| ty.is_some()),
+                "{}: {args:?}",
+                op.schema
             );
         }
     }

@@ -17,7 +17,7 @@ Transformers' SDPA implementation and is recorded as a fallback (``tessera.trace
 
 import torch
 
-from . import _attention_mask
+from . import ops
 from .graph.patterns import mask_options
 from .trace import record_fallback
 
@@ -49,20 +49,18 @@ def attention(
         why = "dropout"
     elif any(t.device.type != "cpu" for t in (query, key, value)):
         why = "not a CPU call"
-    elif query.dtype not in (torch.float32, torch.bfloat16) or not (query.dtype == key.dtype == value.dtype):
-        why = f"dtype {query.dtype} (float32 or bfloat16 only)"
-    elif query.shape[-1] > 256 or key.shape != value.shape or query.shape[1] % key.shape[1]:
-        why = "head dim above 256, key/value shapes differ, or kv heads do not divide q heads"
+    elif (refused := ops.refusal("flash_attention", query, key, value)) is not None:
+        why = refused
     elif attention_mask is not None:
         options, packed = _read_mask(attention_mask, sq, sk)
         if isinstance(options, str):
             if packed is not None and softcap is None:
                 return _varlen(query, key, value, scaling, *packed), None
-            try:
-                _attention_mask(query, key, attention_mask)
+            refused = ops.refusal("flash_attention", query, key, value, False, None, None, None, attention_mask)
+            if refused is None:
                 mask = attention_mask
-            except ValueError as e:
-                why = f"{options}; {e}"
+            else:
+                why = f"{options}; {refused}"
         else:
             causal, window = options
     if why is not None:

@@ -15,7 +15,8 @@ import warnings
 
 import torch
 
-from . import _TORCH_RELEASE, _backend, _tessera, autograd_kernels
+from . import _tessera
+from .autograd import TORCH_RELEASE, autograd_kernels
 
 _DTYPE_NAMES = {
     torch.float32: "f32",
@@ -152,7 +153,7 @@ def _register_kernels(fragment, lib, namespace, ops, python_kernels):
     names = [op.name.split("::", 1)[1] for op in ops]
     if autograd_kernels() == "native":
         try:
-            _tessera.register_native_autograd(names, _TORCH_RELEASE, namespace)
+            _tessera.register_native_autograd(names, TORCH_RELEASE, namespace)
             _tessera.register_user_kernels(
                 lib, namespace, [(n, [(a.name, str(a.type)) for a in op.arguments]) for n, op in zip(names, ops)]
             )
@@ -184,7 +185,7 @@ def _register(fragment, lib, namespace, schema, op):
             request,
             [(t.data_ptr(), list(t.shape), _DTYPE_NAMES[t.dtype]) for t in inputs],
             [(t.data_ptr(), list(t.shape), _DTYPE_NAMES[t.dtype]) for t in outputs],
-            _backend(),
+            _tessera.current_backend(),
         )
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 

@@ -5,12 +5,15 @@
 pub(crate) mod bwd;
 pub(crate) mod fwd;
 
+mod ops;
+
 use kernel_ir::dsl::prelude::*;
 use kernel_ir::dsl::{KernelBody, PallasCall};
 use kernel_ir::{AllocError, Array, DimSemantics};
 
 use crate::common::{block, built, pid, random_array, tolerance_for, zero, zeros_f64};
 use crate::{BoxError, Chain, Exec, Op, ParamDef, Params, Source, Step, Tolerance, Tunable};
+pub(crate) use ops::{FLASH_ATTENTION, FLASH_ATTENTION_BWD, FLASH_ATTENTION_FWD};
 
 /// Shapes and options of an attention call. q/o are `[batch, heads, q_len, head_dim]`,
 /// k/v `[batch, kv_heads, kv_len, head_dim]`; query head `h` reads kv head

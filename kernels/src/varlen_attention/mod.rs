@@ -19,6 +19,7 @@
 //! straddles a sequence boundary. The tile tables sit in SMEM (scalars read by the body).
 
 mod kernels;
+mod ops;
 mod plan;
 
 use kernel_ir::dsl::prelude::*;
@@ -28,6 +29,7 @@ use rand::{Rng, SeedableRng};
 use crate::common::{block, built, pid, random_array, tolerance_for, zero, zeros_f64};
 use crate::{BoxError, Chain, Exec, Op, ParamDef, Params, Source, Step, Tolerance, Tunable};
 use kernels::{varlen_bwd_dkdv, varlen_bwd_dq, varlen_bwd_fused, varlen_fwd};
+pub(crate) use ops::{VARLEN_ATTENTION, VARLEN_ATTENTION_BWD, VARLEN_ATTENTION_FWD};
 pub use plan::{check_cu_seqlens, VarlenPlan};
 
 /// Shapes and options of a varlen attention call.

@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
-from .. import _DTYPES, _attention_mask, _attention_params, _tessera, config, library
+from .. import _tessera, config, library, ops
 
 TARGET = "tessera_op"
 # The custom call `op` of user library ops (the runner finds them by namespace).
@@ -55,7 +55,7 @@ class KernelCall:
     """How one Tessera op node becomes a custom call."""
 
     kernel: str  # library op name
-    params: dict[str, object]  # its parameters
+    params: dict[str, object]  # its parameters (library ops': the text the kernel parses)
     inputs: list[tuple[int, list]]  # (tensor operand index, shape the kernel wants)
     outputs: list[tuple[list, str]]  # (shape, element type) of each kernel output
     results: list[int]  # node result i -> kernel output results[i]
@@ -76,87 +76,31 @@ def _val(n):
     return n.meta.get("val") if isinstance(n, torch.fx.Node) else None
 
 
-def _rows(x):
-    cols = x.shape[-1]
-    return (x.numel() // cols if cols else 0), cols
-
-
-def _row_call(kernel, x, extra, n_vectors=0, n_matrices=1):
-    """A row-wise op: the first ``n_matrices`` operands flattened to [rows, cols], then
-    ``n_vectors`` operands of [cols]."""
-    rows, cols = _rows(x)
-    dt = _DTYPES[x.dtype]
-    ins = [(i, [rows, cols]) for i in range(n_matrices)] + [(n_matrices + i, [cols]) for i in range(n_vectors)]
-    return KernelCall(kernel, {"rows": rows, "cols": cols, "dtype": dt, **extra}, ins, [([rows, cols], dt)], [0])
-
-
 def kernel_call(node: torch.fx.Node) -> KernelCall:
     """The custom call for a ``torch.ops.tessera.*`` (or loaded user library's) node of an
-    ATen graph."""
+    ATen graph: the op's plan (the eager op's checks and kernel parameters) on the
+    node's argument values."""
     if node.target.namespace != "tessera":
         params, ins, outs = library.call_params(node)
         return KernelCall(USER_OP, params, ins, outs, list(range(len(outs))))
     name = node.target._opname
-    args = [_val(a) if isinstance(a, torch.fx.Node) else a for a in node.args]
-    if name == "softmax":
-        return _row_call("softmax", args[0], {})
-    if name == "rms_norm":
-        eps = args[2] if len(args) > 2 else node.kwargs.get("eps", 1e-5)
-        return _row_call("rms_norm", args[0], {"eps": eps}, n_vectors=1)
-    if name == "layer_norm":
-        eps = args[3] if len(args) > 3 else node.kwargs.get("eps", 1e-5)
-        return _row_call("layer_norm", args[0], {"eps": eps}, n_vectors=2)
-    if name == "swiglu":
-        return _row_call("swiglu", args[0], {}, n_matrices=2)
-    if name in _ATTENTION:
-        q, k, v = args[:3]
-        named = _named_args(node, args)
-        params = _attention_params(
-            q, k, v, named.get("is_causal", False), named.get("scale"), named["window"], named["softcap"], named["mask"]
-        )
-        dt = params["dtype"]
-        # The score mask (the last tensor operand; :func:`kernel_masks` made it the
-        # kernel's f32 [batch or 1, 1, q_len, kv_len]) goes last, after the recomputed
-        # forward's operands.
-        mask = [] if named["mask"] is None else [(_tensor_operands(node) - 1, list(named["mask"].shape))]
-        if name == "flash_attention_bwd":
-            ins = [(i, list(t.shape)) for i, t in enumerate(args[:4])] + mask
-            outs = [(list(t.shape), dt) for t in (q, k, v)]
-            return KernelCall("flash_attention_bwd", params, ins, outs, [0, 1, 2])
-        ins = [(i, list(t.shape)) for i, t in enumerate((q, k, v))] + mask
-        outs = [(list(q.shape), dt), ([*q.shape[:3], 1], "f32")]
-        return KernelCall("flash_attention", params, ins, outs, [0] if name == "flash_attention" else [0, 1])
-    if name == "paged_attention":
-        q, k_cache = args[0], args[1]
-        scale = args[5] if len(args) > 5 else node.kwargs.get("scale")
-        b, h, d = q.shape
-        kv_heads, pages, page_size, _ = k_cache.shape
-        dt = _DTYPES[q.dtype]
-        params = {
-            "batch": b,
-            "heads": h,
-            "kv_heads": kv_heads,
-            "head_dim": d,
-            "page_size": page_size,
-            "num_pages": pages,
-            "max_pages": args[3].shape[1],
-            "scale": "none" if scale is None else repr(float(scale)),
-            "dtype": dt,
-        }
-        # The kernel takes the scalar-prefetch operands (block_table, context_lens) first.
-        ins = [(i, list(args[i].shape)) for i in (3, 4, 0, 1, 2)]
-        return KernelCall("paged_attention", params, ins, [(list(q.shape), dt)], [0])
-    if name in ("varlen_attention", "varlen_attention_fwd", "varlen_attention_bwd"):
-        return _varlen_call(node, name, args)
-    raise LoweringError(f"tessera.{name} has no custom-call lowering")
+    args = list(_named_args(node, list(node.args)).values())
+    try:
+        plan = ops.plan(name, [_val(a) if isinstance(a, torch.fx.Node) else a for a in args])
+    except ValueError as e:
+        raise LoweringError(f"tessera.{name}: {e}") from None
+    # The custom call's operands are the node's tensor arguments, in order.
+    operand = {}
+    for i, a in enumerate(args):
+        if isinstance(a, torch.fx.Node):
+            operand[i] = len(operand)
+    ins = [(operand[arg], list(shape)) for arg, shape, _, _ in plan["inputs"]]
+    outs = [(list(shape), dtype) for shape, dtype in plan["outputs"]]
+    returns = ops.SPECS[name]["returns"]
+    return KernelCall(plan["kernel"], dict(plan["params"]), ins, outs, list(range(returns)))
 
 
 _ATTENTION = ("flash_attention", "flash_attention_fwd", "flash_attention_bwd")
-
-
-def _tensor_operands(node: torch.fx.Node) -> int:
-    """How many tensor operands the node's ``torch.operator`` has (its node arguments)."""
-    return sum(isinstance(a, torch.fx.Node) for a in _named_args(node, list(node.args)).values())
 
 
 def kernel_masks(gm: torch.fx.GraphModule):
@@ -175,9 +119,9 @@ def kernel_masks(gm: torch.fx.GraphModule):
         mask = named["mask"]
         if not isinstance(mask, torch.fx.Node):
             continue
-        q, k, m = _val(named["q"]), _val(named["k"]), _val(mask)
-        kind = _attention_mask(q, k, m)
-        shape = [q.shape[0] if kind == "batch" else 1, 1, q.shape[2], k.shape[2]]
+        m = _val(mask)
+        values = [_val(a) if isinstance(a, torch.fx.Node) else a for a in named.values()]
+        shape = next(shape for _, shape, _, is_mask in ops.plan(node.target._opname, values)["inputs"] if is_mask)
         if m.dtype == torch.float32 and list(m.shape) == shape:
             continue
 
@@ -207,36 +151,6 @@ def _named_args(node: torch.fx.Node, args: list) -> dict:
     named.update(zip(named, args))
     named.update(node.kwargs)
     return named
-
-
-def _varlen_call(node: torch.fx.Node, name: str, args: list) -> KernelCall:
-    """The custom call of a varlen attention node: q, k, v (and grad_out) and the offsets
-    go in (the kernel plans its tiles from the offsets at run time); the backward
-    recomputes the forward rather than taking the saved results."""
-    named = _named_args(node, args)
-    q, k = named["q"], named["k"]
-    h, total_q, d = q.shape
-    scale = named.get("scale")
-    dt = _DTYPES[q.dtype]
-    params = {
-        "batch": named["cu_seqlens_q"].shape[0] - 1,
-        "heads": h,
-        "kv_heads": k.shape[0],
-        "total_q": total_q,
-        "total_k": k.shape[1],
-        "head_dim": d,
-        "causal": "true" if named.get("is_causal") else "false",
-        "scale": "none" if scale is None else repr(float(scale)),
-        "dtype": dt,
-    }
-    if name == "varlen_attention_bwd":
-        operands = ("q", "k", "v", "grad_out", "cu_seqlens_q", "cu_seqlens_k")
-        ins = [(i, list(named[n].shape)) for i, n in enumerate(operands)]
-        outs = [(list(named[n].shape), dt) for n in ("q", "k", "v")]
-        return KernelCall("varlen_attention_bwd", params, ins, outs, [0, 1, 2])
-    ins = [(i, list(named[n].shape)) for i, n in enumerate(("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k"))]
-    outs = [(list(q.shape), dt), ([h, total_q, 1], "f32")]
-    return KernelCall("varlen_attention", params, ins, outs, [0] if name == "varlen_attention" else [0, 1])
 
 
 def lift_constants(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
@@ -478,9 +392,10 @@ def _sharded_dims(call: KernelCall, mesh: int):
         "varlen_attention",
         "varlen_attention_bwd",
     ):
-        if p["heads"] % mesh or p["kv_heads"] % mesh:
+        heads, kv_heads = int(p["heads"]), int(p["kv_heads"])
+        if heads % mesh or kv_heads % mesh:
             return None
-        p["heads"], p["kv_heads"] = p["heads"] // mesh, p["kv_heads"] // mesh
+        p["heads"], p["kv_heads"] = str(heads // mesh), str(kv_heads // mesh)
         if call.kernel == "paged_attention":  # (table, lengths, q, k_cache, v_cache) -> o
             return [None, None, 1, 0, 0], [1], p
         dim = 0 if call.kernel.startswith("varlen") else 1
@@ -489,9 +404,10 @@ def _sharded_dims(call: KernelCall, mesh: int):
             ins[-1] = None
         return ins, [dim] * len(call.outputs), p
     if "rows" in p and call.kernel in ("softmax", "rms_norm", "layer_norm", "swiglu"):
-        if p["rows"] % mesh:
+        rows = int(p["rows"])
+        if rows % mesh:
             return None
-        p["rows"] //= mesh
+        p["rows"] = str(rows // mesh)
         return [0 if len(shape) == 2 else None for _, shape in call.inputs], [0], p
     return None
 

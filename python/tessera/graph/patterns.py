@@ -29,7 +29,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from .. import _attention_mask
+from .. import ops
 
 _SDPA = {F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}
 _RMS_NORM = {torch.rms_norm, F.rms_norm}
@@ -199,12 +199,11 @@ def _kernel_options(q, k, v, out, mask, is_causal, constants):
     qv, kv, vv, ov = _val(q), _val(k), _val(v), _val(out)
     if any(t is None for t in (qv, kv, vv, ov)):
         return "shapes unknown"
-    if qv.dim() != 4 or kv.dim() != 4 or vv.dim() != 4:
-        return "q/k/v are not 4-D [batch, heads, seq, head_dim]"
-    if qv.dtype not in (torch.float32, torch.bfloat16) or not (qv.dtype == kv.dtype == vv.dtype == ov.dtype):
-        return f"dtype {qv.dtype} (float32 or bfloat16 only, the same for q, k, v and the result)"
-    if kv.shape != vv.shape or qv.shape[-1] > 256 or qv.shape[1] % kv.shape[1] or ov.shape != qv.shape:
-        return "k/v shapes differ, head dim above 256, or kv heads do not divide q heads"
+    if ov.dtype != qv.dtype or ov.shape != qv.shape:
+        return f"the result ({ov.dtype} {tuple(ov.shape)}) is not shaped and typed like q"
+    why = ops.refusal("flash_attention", qv, kv, vv)
+    if why is not None:
+        return why
     if mask is None:
         return bool(is_causal), None, None
     if is_causal:
@@ -217,10 +216,9 @@ def _kernel_options(q, k, v, out, mask, is_causal, constants):
         return f"{folded}; its shape is unknown"
     if mv.requires_grad:
         return f"{folded}; it requires grad (the kernel gives the mask no gradient)"
-    try:
-        _attention_mask(qv, kv, mv)
-    except ValueError as e:
-        return f"{folded}; {e}"
+    why = ops.refusal("flash_attention", qv, kv, vv, False, None, None, None, mv)
+    if why is not None:
+        return f"{folded}; {why}"
     return False, None, mask
 
 

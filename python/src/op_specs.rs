@@ -1,0 +1,124 @@
+//! The library ops' specs for Python: what `tessera` registers each torch op from
+//! (schema, doc, result rules) and the plan of a call (checks, kernel parameters,
+//! operand shapes), which the fake kernels and graph mode's lowering use.
+
+use kernels::torch_op::{self, Dim, Form, Meta, ResultDtype, Shape};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+
+/// Every library op: `{name, schema, doc, outputs, returns}`. Each output is `{shape,
+/// dtype, empty}`: `shape` is `("like", arg)` or `("dims", [[arg, dim] or None (a 1),
+/// ...])`; `dtype` an argument index or `"float32"`.
+#[pyfunction]
+pub(crate) fn op_specs(py: Python<'_>) -> PyResult<Vec<Bound<'_, PyDict>>> {
+    kernels::torch_ops()
+        .iter()
+        .map(|op| {
+            let d = PyDict::new(py);
+            d.set_item("name", op.name())?;
+            d.set_item("schema", op.schema)?;
+            d.set_item("doc", op.doc)?;
+            d.set_item("returns", op.returns)?;
+            let outputs = op
+                .outputs
+                .iter()
+                .map(|o| {
+                    let out = PyDict::new(py);
+                    match o.shape {
+                        Shape::Like(arg) => out.set_item("shape", ("like", arg))?,
+                        Shape::Dims(dims) => {
+                            let dims: Vec<Option<(usize, usize)>> = dims
+                                .iter()
+                                .map(|d| match *d {
+                                    Dim::Of(arg, dim) => Some((arg, dim)),
+                                    Dim::One => None,
+                                })
+                                .collect();
+                            out.set_item("shape", ("dims", dims))?
+                        }
+                    }
+                    match o.dtype {
+                        ResultDtype::Of(arg) => out.set_item("dtype", arg)?,
+                        ResultDtype::F32 => out.set_item("dtype", "float32")?,
+                    }
+                    out.set_item("empty", o.empty)?;
+                    Ok(out)
+                })
+                .collect::<PyResult<Vec<_>>>()?;
+            d.set_item("outputs", outputs)?;
+            Ok(d)
+        })
+        .collect()
+}
+
+/// One argument from Python: None, a bool, an int, a float, or a tensor as `(shape,
+/// dtype name, device)` (`str(tensor.dtype)`, `tensor.device.type`).
+fn value(arg: &Bound<'_, PyAny>) -> PyResult<torch_op::Value> {
+    if arg.is_none() {
+        return Ok(torch_op::Value::None);
+    }
+    if let Ok(b) = arg.extract::<bool>() {
+        return Ok(torch_op::Value::Bool(b));
+    }
+    if let Ok(i) = arg.extract::<i64>() {
+        return Ok(torch_op::Value::Int(i));
+    }
+    if let Ok(f) = arg.extract::<f64>() {
+        return Ok(torch_op::Value::Float(f));
+    }
+    let (shape, dtype, device): (Vec<u64>, String, String) = arg.extract()?;
+    Ok(torch_op::Value::Tensor(Meta {
+        shape,
+        dtype,
+        device,
+    }))
+}
+
+/// The plan of a call of library op `name` with `args` (schema order, defaults filled;
+/// tensors as `(shape, dtype name, device)`): `{kernel, params: [(name, text)], inputs: [(arg,
+/// shape, dtype, is_score_mask)], outputs: [(shape, dtype)], launch}` (dtypes as Tessera
+/// names; the outputs in the shapes the kernel sees). A bad argument raises
+/// `ValueError` with the eager op's message.
+#[pyfunction]
+pub(crate) fn op_plan<'py>(
+    py: Python<'py>,
+    name: &str,
+    args: &Bound<'py, PyTuple>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let op = kernels::torch_op(name)
+        .ok_or_else(|| PyValueError::new_err(format!("{name}: not a library op")))?;
+    let values = args
+        .iter()
+        .map(|a| value(&a))
+        .collect::<PyResult<Vec<_>>>()?;
+    let plan = (op.plan)(&values).map_err(PyValueError::new_err)?;
+    let d = PyDict::new(py);
+    d.set_item("kernel", plan.kernel)?;
+    d.set_item("params", plan.params.clone())?;
+    let inputs: Vec<(usize, Vec<u64>, &str, bool)> = plan
+        .inputs
+        .iter()
+        .map(|o| {
+            (
+                o.arg,
+                o.shape.clone(),
+                o.dtype.name(),
+                o.form == Form::ScoreMask,
+            )
+        })
+        .collect();
+    d.set_item("inputs", inputs)?;
+    let outputs: Vec<(Vec<u64>, &str)> = plan
+        .outputs
+        .iter()
+        .zip(op.outputs)
+        .map(|(shape, out)| {
+            let dtype = torch_op::tessera_dtype(&out.eval(&values).dtype);
+            (shape.clone(), dtype.map_or("f32", |d| d.name()))
+        })
+        .collect();
+    d.set_item("outputs", outputs)?;
+    d.set_item("launch", plan.launch)?;
+    Ok(d)
+}
