@@ -6,7 +6,9 @@ use kernel_ir::{AllocError, Array, DimSemantics};
 use kernel_macros::kernel;
 
 use crate::common::{block, load_tile, pid, random_array, store_tile, tolerance_for, zeros_f64};
-use crate::torch_op::{py_shape, Args, Dim, OpSpec, Out, Plan, ResultDtype, Shape};
+use crate::torch_op::{
+    py_shape, Args, Axis, Dim, OpSpec, Out, Placement, Plan, ResultDtype, Shape, Split,
+};
 use crate::{BoxError, Op, ParamDef, Params, Tolerance, Tunable};
 
 /// Shapes and block sizes of a matmul (block sizes already clamped to the shapes).
@@ -218,6 +220,29 @@ pub(crate) const TORCH_OP: OpSpec = OpSpec {
         empty: 0.0,
     }],
     returns: 1,
+    splits: &[
+        Split {
+            name: "rows",
+            args: &[("x", Axis::Dim(0))],
+            outputs: &[Placement::Dim(0)],
+            divides: &[],
+            even: false,
+        },
+        Split {
+            name: "cols",
+            args: &[("y", Axis::Dim(1))],
+            outputs: &[Placement::Dim(1)],
+            divides: &[],
+            even: false,
+        },
+        Split {
+            name: "contraction",
+            args: &[("x", Axis::Dim(1)), ("y", Axis::Dim(0))],
+            outputs: &[Placement::Partial],
+            divides: &[],
+            even: false,
+        },
+    ],
     plan: |values| {
         let mut a = Args::new(values);
         let x = a.tensor("x")?.rank(2)?;

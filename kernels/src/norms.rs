@@ -6,7 +6,7 @@ use kernel_macros::kernel;
 
 use crate::common::{block, pid, random_array, room_f64, tolerance_for, zero};
 use crate::softmax::{ROW_PARAMS, ROW_TUNABLE};
-use crate::torch_op::{row_plan, Args, OpSpec, Out};
+use crate::torch_op::{row_plan, Args, OpSpec, Out, ROWS};
 use crate::{BoxError, Op, ParamDef, Params, Tolerance, Tunable};
 
 /// Shape, blocking and epsilon of a norm.
@@ -217,6 +217,7 @@ pub(crate) const RMS_NORM_OP: OpSpec = OpSpec {
           with `weight` of `[x.shape[-1]]` in `x`'s dtype; computed in float32.",
     outputs: &[Out::like(0)],
     returns: 1,
+    splits: ROWS,
     plan: |values| {
         let mut a = Args::new(values);
         let x = a.tensor("x")?.min_rank(1)?;
@@ -234,6 +235,7 @@ pub(crate) const LAYER_NORM_OP: OpSpec = OpSpec {
           `[x.shape[-1]]` in `x`'s dtype; computed in float32.",
     outputs: &[Out::like(0)],
     returns: 1,
+    splits: ROWS,
     plan: |values| {
         let mut a = Args::new(values);
         let x = a.tensor("x")?.min_rank(1)?;

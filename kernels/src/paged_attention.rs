@@ -25,7 +25,7 @@ use kernel_macros::kernel;
 use rand::{Rng, SeedableRng};
 
 use crate::common::{built, pid, random_array, tolerance_for, zero, zeros_f64};
-use crate::torch_op::{f32_or_bf16, py_shape, Args, OpSpec, Out, Plan};
+use crate::torch_op::{f32_or_bf16, py_shape, Args, Axis, OpSpec, Out, Placement, Plan, Split};
 use crate::{BoxError, Exec, Op, ParamDef, Params, Tolerance};
 
 /// Shapes of a paged-attention call.
@@ -429,6 +429,30 @@ pub(crate) const TORCH_OP: OpSpec = OpSpec {
           before anything runs). float32 or bfloat16; `scale` defaults to 1/sqrt(head_dim).",
     outputs: &[Out::like(0)],
     returns: 1,
+    splits: &[
+        Split {
+            name: "heads",
+            args: &[
+                ("q", Axis::Dim(1)),
+                ("k_cache", Axis::Dim(0)),
+                ("v_cache", Axis::Dim(0)),
+            ],
+            outputs: &[Placement::Dim(1)],
+            divides: &["heads", "kv_heads"],
+            even: true,
+        },
+        Split {
+            name: "batch",
+            args: &[
+                ("q", Axis::Dim(0)),
+                ("block_table", Axis::Dim(0)),
+                ("context_lens", Axis::Dim(0)),
+            ],
+            outputs: &[Placement::Dim(0)],
+            divides: &[],
+            even: false,
+        },
+    ],
     plan: |values| {
         let mut a = Args::new(values);
         let q = a.tensor("query")?.rank(3)?;

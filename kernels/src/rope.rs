@@ -6,7 +6,7 @@ use kernel_ir::{try_with_capacity, Array};
 use kernel_macros::{kernel, kernel_fn};
 
 use crate::common::{block, pid, random_array, tolerance_for, zero, zeros_f64};
-use crate::torch_op::{py_shape, Args, OpSpec, Out, Plan};
+use crate::torch_op::{py_shape, Args, Axis, OpSpec, Out, Placement, Plan, Split};
 use crate::{BoxError, Op, ParamDef, Params, Tolerance, Tunable};
 
 /// Shapes of a RoPE call: x is `[batch, heads, seq, head_dim]`, cos/sin `[seq, head_dim]`.
@@ -195,6 +195,22 @@ pub(crate) const TORCH_OP: OpSpec = OpSpec {
           `x [batch, heads, seq, head_dim]` (even head_dim) and tables `[seq, head_dim]`.",
     outputs: &[Out::like(0)],
     returns: 1,
+    splits: &[
+        Split {
+            name: "batch",
+            args: &[("x", Axis::Dim(0))],
+            outputs: &[Placement::Dim(0)],
+            divides: &[],
+            even: false,
+        },
+        Split {
+            name: "heads",
+            args: &[("x", Axis::Dim(1))],
+            outputs: &[Placement::Dim(1)],
+            divides: &[],
+            even: false,
+        },
+    ],
     plan: |values| {
         let mut a = Args::new(values);
         let x = a.tensor("x")?.rank(4)?;

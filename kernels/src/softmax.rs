@@ -5,7 +5,7 @@ use kernel_ir::Array;
 use kernel_macros::kernel;
 
 use crate::common::{block, pid, random_array, room_f64, tolerance_for, zero};
-use crate::torch_op::{row_plan, Args, OpSpec, Out};
+use crate::torch_op::{row_plan, Args, OpSpec, Out, ROWS};
 use crate::{BoxError, Op, ParamDef, Params, Tolerance, Tunable};
 
 /// Shape and blocking of a row-wise kernel (softmax, norms).
@@ -142,6 +142,7 @@ pub(crate) const TORCH_OP: OpSpec = OpSpec {
           leading dims), computed in float32.",
     outputs: &[Out::like(0)],
     returns: 1,
+    splits: ROWS,
     plan: |values| {
         let x = Args::new(values).tensor("x")?.min_rank(1)?;
         Ok(row_plan("softmax", &[x], &[], None))

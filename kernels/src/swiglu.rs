@@ -5,7 +5,7 @@ use kernel_ir::Array;
 use kernel_macros::kernel;
 
 use crate::common::{block, pid, random_array, tolerance_for};
-use crate::torch_op::{row_plan, Args, OpSpec, Out};
+use crate::torch_op::{row_plan, Args, Axis, OpSpec, Out, Placement, Split};
 use crate::{BoxError, Op, ParamDef, Params, Tolerance, Tunable};
 
 /// Shape and tiling of a SwiGLU.
@@ -151,6 +151,13 @@ pub(crate) const TORCH_OP: OpSpec = OpSpec {
     doc: "SwiGLU: `silu(gate) * up`, element-wise over two tensors of one shape and dtype.",
     outputs: &[Out::like(0)],
     returns: 1,
+    splits: &[Split {
+        name: "rows",
+        args: &[("gate", Axis::Any), ("up", Axis::Any)],
+        outputs: &[Placement::Same],
+        divides: &["rows"],
+        even: false,
+    }],
     plan: |values| {
         let mut a = Args::new(values);
         let gate = a.tensor("gate")?.min_rank(1)?;

@@ -155,6 +155,61 @@ impl Out {
     }
 }
 
+/// Which dim of an argument a [`Split`] shards.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Axis {
+    /// This dim (negative: from the end).
+    Dim(i8),
+    /// Any dim but the last (one way to split per dim; a kernel that sees the argument as
+    /// `[rows, cols]` splits its rows).
+    Leading,
+    /// Any dim (one way to split per dim, the same for every argument split with it).
+    Any,
+    /// The batch dim of a score mask: dim 0 of a 4-D mask that has one entry per batch
+    /// entry; a broadcast mask is whole on every device.
+    MaskBatch,
+}
+
+/// Where a [`Split`] leaves an output.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Placement {
+    /// Split on this dim.
+    Dim(i8),
+    /// Split on the dim the arguments are split on ([`Axis::Leading`], [`Axis::Any`]).
+    Same,
+    /// A partial sum on every device (a split contraction).
+    Partial,
+}
+
+/// One way to run the op on shards (tensor parallelism): the arguments split together,
+/// the other tensors whole on every device, and where the outputs land. DTensor's
+/// sharding rules and graph mode's sharded export are both made from these.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Split {
+    /// What it splits (`heads`, `rows`, ...).
+    pub name: &'static str,
+    /// The arguments split, by schema name, and on which dim.
+    pub args: &'static [(&'static str, Axis)],
+    /// Each output's placement, in order.
+    pub outputs: &'static [Placement],
+    /// Kernel parameters counting the split dim: the local kernel takes each divided by
+    /// the device count, which must divide it. Graph mode's export splits by the first
+    /// split that names some.
+    pub divides: &'static [&'static str],
+    /// Whether the split dims must divide evenly (attention heads: every device keeps
+    /// whole GQA groups).
+    pub even: bool,
+}
+
+/// The row-wise ops' split: rows (any leading dim of `x`; the vectors whole).
+pub const ROWS: &[Split] = &[Split {
+    name: "rows",
+    args: &[("x", Axis::Leading)],
+    outputs: &[Placement::Same],
+    divides: &["rows"],
+    even: false,
+}];
+
 /// A library op as a PyTorch op, declared once.
 pub struct OpSpec {
     /// Its schema: `name(args) -> results`.
@@ -166,6 +221,8 @@ pub struct OpSpec {
     pub outputs: &'static [Out],
     /// How many of the outputs the op returns.
     pub returns: usize,
+    /// The ways it runs on shards (besides every tensor whole on every device).
+    pub splits: &'static [Split],
     /// Checks a call's arguments and plans its launch.
     pub plan: fn(&[Value]) -> Result<Plan, String>,
 }

@@ -2,12 +2,12 @@
 //! (schema, doc, result rules) and the plan of a call (checks, kernel parameters,
 //! operand shapes), which the fake kernels and graph mode's lowering use.
 
-use kernels::torch_op::{self, Dim, Form, Meta, ResultDtype, Shape};
+use kernels::torch_op::{self, Axis, Dim, Form, Meta, Placement, ResultDtype, Shape, Split};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyTuple};
+use pyo3::types::{PyDict, PyList, PyTuple};
 
-/// Every library op: `{name, schema, doc, outputs, returns}`. Each output is `{shape,
+/// Every library op: `{name, schema, doc, outputs, returns, splits}` (see [`split_dict`]). Each output is `{shape,
 /// dtype, empty}`: `shape` is `("like", arg)` or `("dims", [[arg, dim] or None (a 1),
 /// ...])`; `dtype` an argument index or `"float32"`.
 #[pyfunction]
@@ -47,9 +47,46 @@ pub(crate) fn op_specs(py: Python<'_>) -> PyResult<Vec<Bound<'_, PyDict>>> {
                 })
                 .collect::<PyResult<Vec<_>>>()?;
             d.set_item("outputs", outputs)?;
+            let splits = op
+                .splits
+                .iter()
+                .map(|split| split_dict(py, split))
+                .collect::<PyResult<Vec<_>>>()?;
+            d.set_item("splits", splits)?;
             Ok(d)
         })
         .collect()
+}
+
+/// A split as Python reads it: `{name, args: [(arg name, axis)], outputs: [placement],
+/// divides, even}`; an axis is a dim or `"leading"`, `"any"`, `"mask_batch"`; a placement
+/// a dim or `"same"`, `"partial"`.
+fn split_dict<'py>(py: Python<'py>, split: &Split) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("name", split.name)?;
+    let args = PyList::empty(py);
+    for (name, axis) in split.args {
+        let axis = match axis {
+            Axis::Dim(dim) => dim.into_pyobject(py)?.into_any(),
+            Axis::Leading => "leading".into_pyobject(py)?.into_any(),
+            Axis::Any => "any".into_pyobject(py)?.into_any(),
+            Axis::MaskBatch => "mask_batch".into_pyobject(py)?.into_any(),
+        };
+        args.append((name, axis))?;
+    }
+    d.set_item("args", args)?;
+    let outputs = PyList::empty(py);
+    for placement in split.outputs {
+        match placement {
+            Placement::Dim(dim) => outputs.append(dim)?,
+            Placement::Same => outputs.append("same")?,
+            Placement::Partial => outputs.append("partial")?,
+        }
+    }
+    d.set_item("outputs", outputs)?;
+    d.set_item("divides", split.divides.to_vec())?;
+    d.set_item("even", split.even)?;
+    Ok(d)
 }
 
 /// One argument from Python: None, a bool, an int, a float, or a tensor as `(shape,

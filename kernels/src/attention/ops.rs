@@ -4,9 +4,71 @@
 use kernel_ir::DType;
 
 use crate::torch_op::{
-    check_heads, f32_or_bf16, grad_out, py_shape, saved_forward, Args, Dim, Form, OpSpec, Operand,
-    Out, Plan, Tensor,
+    check_heads, f32_or_bf16, grad_out, py_shape, saved_forward, Args, Axis, Dim, Form, OpSpec,
+    Operand, Out, Placement, Plan, Split, Tensor,
 };
+
+/// Heads: query-shaped tensors and k/v on their heads dim, when the kv heads divide
+/// over the devices (each keeps whole GQA groups; a score mask, one for every head, is
+/// whole on each). Batch: every tensor on dim 0, a score mask with a batch dim too.
+const FORWARD_SPLITS: &[Split] = &[
+    Split {
+        name: "heads",
+        args: &[("q", DIM1), ("k", DIM1), ("v", DIM1)],
+        outputs: &[Placement::Dim(1), Placement::Dim(1)],
+        divides: &["heads", "kv_heads"],
+        even: true,
+    },
+    Split {
+        name: "batch",
+        args: &[
+            ("q", DIM0),
+            ("k", DIM0),
+            ("v", DIM0),
+            ("mask", Axis::MaskBatch),
+        ],
+        outputs: &[Placement::Dim(0), Placement::Dim(0)],
+        divides: &[],
+        even: false,
+    },
+];
+
+/// The backward's splits: the forward's, with the gradient and the saved forward split
+/// like the query.
+const BACKWARD_SPLITS: &[Split] = &[
+    Split {
+        name: "heads",
+        args: &[
+            ("q", DIM1),
+            ("k", DIM1),
+            ("v", DIM1),
+            ("grad_out", DIM1),
+            ("out", DIM1),
+            ("lse", DIM1),
+        ],
+        outputs: &[Placement::Dim(1), Placement::Dim(1), Placement::Dim(1)],
+        divides: &["heads", "kv_heads"],
+        even: true,
+    },
+    Split {
+        name: "batch",
+        args: &[
+            ("q", DIM0),
+            ("k", DIM0),
+            ("v", DIM0),
+            ("grad_out", DIM0),
+            ("out", DIM0),
+            ("lse", DIM0),
+            ("mask", Axis::MaskBatch),
+        ],
+        outputs: &[Placement::Dim(0), Placement::Dim(0), Placement::Dim(0)],
+        divides: &[],
+        even: false,
+    },
+];
+
+const DIM0: Axis = Axis::Dim(0);
+const DIM1: Axis = Axis::Dim(1);
 
 /// The log-sum-exp `[batch, heads, q_len, 1]`.
 const LSE: Out = Out::lse(&[Dim::Of(0, 0), Dim::Of(0, 1), Dim::Of(0, 2), Dim::One]);
@@ -26,6 +88,7 @@ pub(crate) const FLASH_ATTENTION: OpSpec = OpSpec {
           Differentiable in q, k and v.",
     outputs: &[Out::like(0), LSE],
     returns: 1,
+    splits: FORWARD_SPLITS,
     plan: |values| forward(&mut Args::new(values)),
 };
 
@@ -37,6 +100,7 @@ pub(crate) const FLASH_ATTENTION_FWD: OpSpec = OpSpec {
           `[batch, heads, q_len, 1]`.",
     outputs: &[Out::like(0), LSE],
     returns: 2,
+    splits: FORWARD_SPLITS,
     plan: |values| forward(&mut Args::new(values)),
 };
 
@@ -49,6 +113,7 @@ pub(crate) const FLASH_ATTENTION_BWD: OpSpec = OpSpec {
           the forward's `out` and `lse` it does not run the forward again.",
     outputs: &[Out::like(0), Out::like(1), Out::like(2)],
     returns: 3,
+    splits: BACKWARD_SPLITS,
     plan: |values| {
         let mut a = Args::new(values);
         let mut att = Attention::read(&mut a)?;

@@ -2,11 +2,30 @@
 //! autograd runs (`varlen_attention_fwd`, `varlen_attention_bwd`).
 
 use crate::torch_op::{
-    check_heads, f32_or_bf16, grad_out, py_shape, saved_forward, Args, Dim, OpSpec, Operand, Out,
-    Plan, Tensor,
+    check_heads, f32_or_bf16, grad_out, py_shape, saved_forward, Args, Axis, Dim, OpSpec, Operand,
+    Out, Placement, Plan, Split, Tensor,
 };
 
 use super::check_cu_seqlens;
+
+/// Heads: the query-shaped tensors and k/v on dim 0, when the kv heads divide over the
+/// devices (each keeps whole GQA groups; the offsets whole on each).
+const SPLITS: &[Split] = &[Split {
+    name: "heads",
+    args: &[
+        ("q", HEADS),
+        ("k", HEADS),
+        ("v", HEADS),
+        ("grad_out", HEADS),
+        ("out", HEADS),
+        ("lse", HEADS),
+    ],
+    outputs: &[Placement::Dim(0), Placement::Dim(0), Placement::Dim(0)],
+    divides: &["heads", "kv_heads"],
+    even: true,
+}];
+
+const HEADS: Axis = Axis::Dim(0);
 
 /// The log-sum-exp `[heads, total_q, 1]`.
 const LSE: Out = Out::lse(&[Dim::Of(0, 0), Dim::Of(0, 1), Dim::One]);
@@ -23,6 +42,7 @@ pub(crate) const VARLEN_ATTENTION: OpSpec = OpSpec {
           k and v.",
     outputs: &[Out::like(0), LSE],
     returns: 1,
+    splits: SPLITS,
     plan: |values| forward(&mut Args::new(values)),
 };
 
@@ -34,6 +54,7 @@ pub(crate) const VARLEN_ATTENTION_FWD: OpSpec = OpSpec {
           `[heads, total_q, 1]`.",
     outputs: &[Out::like(0), LSE],
     returns: 2,
+    splits: SPLITS,
     plan: |values| forward(&mut Args::new(values)),
 };
 
@@ -46,6 +67,7 @@ pub(crate) const VARLEN_ATTENTION_BWD: OpSpec = OpSpec {
           the forward's `out` and `lse` it does not run the forward again.",
     outputs: &[Out::like(0), Out::like(1), Out::like(2)],
     returns: 3,
+    splits: SPLITS,
     plan: |values| {
         let mut a = Args::new(values);
         let mut grad = None;

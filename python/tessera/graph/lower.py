@@ -59,6 +59,9 @@ class KernelCall:
     inputs: list[tuple[int, list]]  # (tensor operand index, shape the kernel wants)
     outputs: list[tuple[list, str]]  # (shape, element type) of each kernel output
     results: list[int]  # node result i -> kernel output results[i]
+    # How it splits over devices: the split dim of each input and output (None: whole)
+    # and the parameters the split divides; None when it runs whole on every device.
+    split: Optional[tuple[list, list, list]] = None
 
     def params_text(self) -> str:
         """The params as the custom call's comma-separated ``name=value`` text."""
@@ -96,8 +99,30 @@ def kernel_call(node: torch.fx.Node) -> KernelCall:
             operand[i] = len(operand)
     ins = [(operand[arg], list(shape)) for arg, shape, _, _ in plan["inputs"]]
     outs = [(list(shape), dtype) for shape, dtype in plan["outputs"]]
-    returns = ops.SPECS[name]["returns"]
-    return KernelCall(plan["kernel"], dict(plan["params"]), ins, outs, list(range(returns)))
+    spec = ops.SPECS[name]
+    names = [a.name for a in node.target._schema.arguments]
+    split = _split(spec, plan, names, [_val(a) for a in args])
+    return KernelCall(plan["kernel"], dict(plan["params"]), ins, outs, list(range(spec["returns"])), split)
+
+
+def _split(spec: dict, plan: dict, names: list, values: list):
+    """The op's first declared split that divides kernel parameters, in the kernel's
+    view: each operand's split dim (an operand the kernel sees reshaped, as the row-wise
+    ops see ``[rows, cols]``, splits its first dim), each output's, and the parameters."""
+    split = next((s for s in spec["splits"] if s["divides"]), None)
+    if split is None:
+        return None
+    axes = dict(split["args"])
+    ins = []
+    for arg, shape, _, _ in plan["inputs"]:
+        axis = axes.get(names[arg])
+        if axis is None or axis == "mask_batch":
+            ins.append(None)
+        else:
+            same_view = values[arg] is not None and list(values[arg].shape) == list(shape)
+            ins.append(axis if isinstance(axis, int) and same_view else 0)
+    outs = [0 if p == "same" else p for p in split["outputs"]]
+    return ins, outs, split["divides"]
 
 
 _ATTENTION = ("flash_attention", "flash_attention_fwd", "flash_attention_bwd")
@@ -384,32 +409,16 @@ def _sharded_dims(call: KernelCall, mesh: int):
     """How ``call`` splits over ``mesh`` devices: the sharded dim of each input and
     output (``None``: replicated) and the parameters of the local kernel; ``None`` when
     it does not split (it then runs whole on every device)."""
+    if call.split is None:
+        return None
+    ins, outs, divides = call.split
     p = dict(call.params)
-    if call.kernel in (
-        "flash_attention",
-        "flash_attention_bwd",
-        "paged_attention",
-        "varlen_attention",
-        "varlen_attention_bwd",
-    ):
-        heads, kv_heads = int(p["heads"]), int(p["kv_heads"])
-        if heads % mesh or kv_heads % mesh:
+    for name in divides:
+        size = int(p[name])
+        if size % mesh:
             return None
-        p["heads"], p["kv_heads"] = str(heads // mesh), str(kv_heads // mesh)
-        if call.kernel == "paged_attention":  # (table, lengths, q, k_cache, v_cache) -> o
-            return [None, None, 1, 0, 0], [1], p
-        dim = 0 if call.kernel.startswith("varlen") else 1
-        ins = [dim if len(shape) >= 3 else None for _, shape in call.inputs]
-        if p.get("mask", "none") != "none":  # one score mask for every head
-            ins[-1] = None
-        return ins, [dim] * len(call.outputs), p
-    if "rows" in p and call.kernel in ("softmax", "rms_norm", "layer_norm", "swiglu"):
-        rows = int(p["rows"])
-        if rows % mesh:
-            return None
-        p["rows"] = str(rows // mesh)
-        return [0 if len(shape) == 2 else None for _, shape in call.inputs], [0], p
-    return None
+        p[name] = str(size // mesh)
+    return ins, outs, p
 
 
 _CALL = re.compile(
