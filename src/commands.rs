@@ -480,6 +480,37 @@ impl Timing {
     }
 }
 
+/// `tessera bench --json`: one line per run.
+#[derive(serde::Serialize)]
+struct BenchReport<'a> {
+    kernel: &'a str,
+    params: String,
+    backend: String,
+    runs: usize,
+    median_ms: f64,
+    gflops: f64,
+    gbs: f64,
+    peak_gflops: f64,
+    pct_of_peak: f64,
+    bandwidth_gbs: f64,
+    pct_of_bandwidth: f64,
+    baseline: Option<BaselineReport>,
+}
+
+/// The baseline of a [`BenchReport`].
+#[derive(serde::Serialize)]
+struct BaselineReport {
+    name: String,
+    median_ms: f64,
+    ratio: f64,
+}
+
+/// `x` to `digits` decimals (what the report prints).
+fn rounded(x: f64, digits: i32) -> f64 {
+    let scale = 10f64.powi(digits);
+    (x * scale).round() / scale
+}
+
 pub fn bench(
     name: &str,
     backend: Option<&str>,
@@ -497,22 +528,26 @@ pub fn bench(
     let peak = runtime::peak::fma_peak_gflops();
     let bandwidth = runtime::peak::memory_bandwidth_gbs();
     if json {
-        let baseline = match t.baseline_ms {
-            Some(b) => format!(
-                "{{\"name\":\"{}\",\"median_ms\":{b:.4},\"ratio\":{:.3}}}",
-                vs.unwrap_or("xla"),
-                ms / b
-            ),
-            None => "null".into(),
+        let report = BenchReport {
+            kernel: name,
+            params: p.to_string(),
+            backend: used.to_string(),
+            runs,
+            median_ms: rounded(ms, 4),
+            gflops: rounded(gflops, 3),
+            gbs: rounded(gbs, 3),
+            peak_gflops: rounded(peak, 1),
+            pct_of_peak: rounded(100.0 * gflops / peak, 2),
+            bandwidth_gbs: rounded(bandwidth, 1),
+            pct_of_bandwidth: rounded(100.0 * gbs / bandwidth, 2),
+            baseline: t.baseline_ms.map(|b| BaselineReport {
+                name: vs.unwrap_or("xla").to_string(),
+                median_ms: rounded(b, 4),
+                ratio: rounded(ms / b, 3),
+            }),
         };
-        println!(
-            "{{\"kernel\":\"{name}\",\"params\":\"{p}\",\"backend\":\"{used}\",\"runs\":{runs},\
-             \"median_ms\":{ms:.4},\"gflops\":{gflops:.3},\"gbs\":{gbs:.3},\
-             \"peak_gflops\":{peak:.1},\"pct_of_peak\":{:.2},\"bandwidth_gbs\":{bandwidth:.1},\
-             \"pct_of_bandwidth\":{:.2},\"baseline\":{baseline}}}",
-            100.0 * gflops / peak,
-            100.0 * gbs / bandwidth
-        );
+        let line = serde_json::to_string(&report).map_err(|e| runtime_failure(e.to_string()))?;
+        println!("{line}");
     } else {
         println!("{name} {p} backend={used} runs={runs}");
         println!(

@@ -1,24 +1,29 @@
 //! Library ops run natively on arrays reused across calls, as the torch ops run them on
-//! PyTorch's tensors: what `tessera bench` and `tessera demo` time where they can.
+//! PyTorch's tensors: what `tessera bench` and `tessera demo` time where they can. The
+//! steps run on [`runtime::native::ChainRun`], the executor the torch ops use.
 
-use kernel_ir::Array;
+use std::ffi::c_void;
+
+use kernel_ir::{Array, TensorType};
 use kernels::{BoxError, Chain, LibraryKernel, Params, Source, Step};
-use runtime::native::{NativeArray, Prepared};
+use runtime::native::{ChainRun, NativeArray, Prepared};
 use runtime::Backend;
 
 /// An op's chain of kernels compiled for in-place runs on its inputs, which it holds in
-/// the native layout (bf16/f16 in 2 bytes, as tensors hold them), with each step's
-/// outputs allocated once. A call derives the op's host arrays (varlen's tile plan) from
-/// the inputs the chain reads and runs the steps on the inputs' storage and the reused
+/// the native layout (bf16/f16 in 2 bytes, as tensors hold them), with the op's outputs
+/// allocated once. A call derives the op's host arrays (varlen's tile plan) from the
+/// inputs the chain reads and runs the steps on the inputs' storage and the reused
 /// outputs.
 pub(crate) struct InPlaceOp<'k> {
     op: &'k dyn LibraryKernel,
     params: Params,
     chain: Chain,
+    /// The op's kernels by build position, compiled.
+    kernels: Vec<Option<Prepared>>,
     /// The inputs [`Chain::reads`] names, in order (what `derive` takes).
     read: Vec<Array>,
     inputs: Vec<NativeArray>,
-    steps: Vec<(Prepared, Vec<NativeArray>)>,
+    outputs: Vec<NativeArray>,
 }
 
 impl<'k> InPlaceOp<'k> {
@@ -34,31 +39,23 @@ impl<'k> InPlaceOp<'k> {
         if used != Backend::Native {
             return None;
         }
-        let kernels = op.build(params).ok()?;
+        let built = op.build(params).ok()?;
+        let native = runtime::native::backend();
+        let kernels: Vec<Option<Prepared>> = built.iter().map(|k| native.prepare(k).ok()).collect();
         let chain = match op.chain(params, inputs.len()) {
             Some(chain) => chain,
-            None if kernels.len() == 1 => Chain {
-                reads: Vec::new(),
-                steps: vec![Step {
-                    kernel: 0,
-                    inputs: (0..inputs.len()).map(Source::Input).collect(),
-                }],
-                outputs: Vec::new(),
-            },
-            None => return None,
+            None => single_kernel_chain(kernels.first()?.as_ref()?, inputs.len())?,
         };
-        let native = runtime::native::backend();
-        let steps = chain
-            .steps
+        let outputs = chain
+            .outputs
             .iter()
-            .map(|step| {
-                let prepared = native.prepare(kernels.get(step.kernel)?).ok()?;
-                let outputs = prepared
-                    .output_types()
-                    .iter()
-                    .map(|t| NativeArray::zeros(t.clone(), "an in-place output").ok())
-                    .collect::<Option<Vec<_>>>()?;
-                Some((prepared, outputs))
+            .map(|s| match *s {
+                Source::Output { step, index } => {
+                    let kernel = chain.steps.get(step)?.kernel;
+                    let ty = kernels.get(kernel)?.as_ref()?.output_types().get(index)?;
+                    NativeArray::zeros(ty.clone(), "an in-place output").ok()
+                }
+                Source::Input(_) | Source::Derived(_) => None,
             })
             .collect::<Option<Vec<_>>>()?;
         let read = chain
@@ -75,9 +72,10 @@ impl<'k> InPlaceOp<'k> {
             op,
             params: params.clone(),
             chain,
+            kernels,
             read,
             inputs,
-            steps,
+            outputs,
         };
         op.run().ok()?;
         Some(op)
@@ -91,22 +89,50 @@ impl<'k> InPlaceOp<'k> {
             .iter()
             .map(NativeArray::from_array)
             .collect::<Result<Vec<_>, _>>()?;
-        for (at, step) in self.chain.steps.iter().enumerate() {
-            let (done, rest) = self.steps.split_at_mut(at);
-            let (prepared, outputs) = &mut rest[0];
-            // Clones share the arrays' storage (dropped before the next step writes).
-            let ins = step
-                .inputs
-                .iter()
-                .map(|s| {
-                    let output = |step: usize, index| done.get(step)?.1.get(index);
-                    s.resolve(&self.inputs, &derived, output)
-                        .cloned()
-                        .ok_or_else(|| format!("the chain names {s:?}, which does not exist"))
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            prepared.run_on(&ins, outputs)?;
-        }
+        let types = |arrays: &[NativeArray]| -> Vec<TensorType> {
+            arrays.iter().map(|a| a.ty().clone()).collect()
+        };
+        let run = ChainRun::new(
+            &self.chain,
+            &self.kernels,
+            &types(&self.inputs),
+            &types(&derived),
+            &types(&self.outputs),
+        )
+        .ok_or("the op's chain does not fit its arrays")?;
+        let addresses = |arrays: &[NativeArray]| -> Vec<*const c_void> {
+            arrays.iter().map(NativeArray::as_ptr).collect()
+        };
+        let outputs: Vec<*mut c_void> = self
+            .outputs
+            .iter_mut()
+            .map(NativeArray::as_mut_ptr)
+            .collect();
+        let name = self.op.name();
+        // SAFETY: the arrays are live and of the types `ChainRun::new` checked; the
+        // outputs are this op's own arrays, which no input aliases.
+        unsafe {
+            run.run(
+                &addresses(&self.inputs),
+                &addresses(&derived),
+                &outputs,
+                &|| name.to_string(),
+            )
+        }?;
         Ok(())
     }
+}
+
+/// The chain of a single-kernel op: its inputs in, every output out.
+fn single_kernel_chain(kernel: &Prepared, inputs: usize) -> Option<Chain> {
+    (kernel.input_types().len() == inputs).then(|| Chain {
+        reads: Vec::new(),
+        steps: vec![Step {
+            kernel: 0,
+            inputs: (0..inputs).map(Source::Input).collect(),
+        }],
+        outputs: (0..kernel.output_types().len())
+            .map(|index| Source::output(0, index))
+            .collect(),
+    })
 }

@@ -29,57 +29,13 @@ pub fn sizes(name: &str) -> [(&'static str, Vec<String>); 2] {
 }
 
 /// Small cases (kernel, parameter overrides) on which the tests check each baseline
-/// against the kernel's reference: odd sizes, bf16, GQA, causal.
-pub const BASELINE_CHECKS: &[(&str, &str)] = &[
-    ("matmul", "m=40,k=33,n=20"),
-    ("matmul", "m=64,k=64,n=64,dtype=bf16"),
-    ("softmax", "rows=13,cols=70"),
-    ("rms_norm", "rows=9,cols=33"),
-    ("layer_norm", "rows=9,cols=33,dtype=bf16"),
-    ("swiglu", "rows=5,cols=17"),
-    ("rope", "batch=2,heads=3,seq=11,head_dim=8"),
-    ("flash_attention", "heads=4,kv_heads=2,q_len=33,kv_len=47"),
-    (
-        "flash_attention",
-        "heads=2,kv_heads=1,q_len=20,kv_len=20,causal=true,dtype=bf16",
-    ),
-    (
-        "flash_attention_bwd",
-        "heads=4,kv_heads=2,q_len=33,kv_len=47",
-    ),
-    (
-        "flash_attention_bwd",
-        "heads=2,kv_heads=2,q_len=40,kv_len=40,causal=true",
-    ),
-    (
-        "flash_attention",
-        "heads=2,kv_heads=1,q_len=30,kv_len=30,causal=true,window=7,softcap=5",
-    ),
-    (
-        "flash_attention",
-        "batch=2,heads=2,kv_heads=1,q_len=20,kv_len=27,causal=true,mask=batch",
-    ),
-    (
-        "flash_attention_bwd",
-        "batch=2,heads=2,kv_heads=2,q_len=19,kv_len=24,softcap=3,mask=shared",
-    ),
-    (
-        "paged_attention",
-        "batch=3,heads=4,kv_heads=2,head_dim=16,page_size=4,num_pages=9,max_pages=5",
-    ),
-    (
-        "varlen_attention",
-        "batch=4,heads=4,kv_heads=2,total_q=70,total_k=55,head_dim=16",
-    ),
-    (
-        "varlen_attention",
-        "batch=3,heads=2,kv_heads=2,total_q=50,causal=true,dtype=bf16",
-    ),
-    (
-        "varlen_attention_bwd",
-        "batch=4,heads=4,kv_heads=2,total_q=60,causal=true,head_dim=16",
-    ),
-];
+/// against the kernel's reference: every kernel's `Op::CASES`.
+pub fn baseline_checks() -> Vec<(&'static str, &'static str)> {
+    kernels::all()
+        .into_iter()
+        .flat_map(|k| k.cases().iter().map(move |case| (k.name(), *case)))
+        .collect()
+}
 
 /// The library ops whose only baseline is PyTorch's (no plain StableHLO twin).
 pub const NO_XLA_BASELINE: &[&str] = &[

@@ -8,6 +8,7 @@
 
 mod array;
 mod builder;
+pub mod chain;
 mod check_outputs;
 pub mod dsl;
 mod interp;

@@ -3,7 +3,6 @@
 //! backend can be checked the same way ([`check`]).
 
 mod attention;
-pub mod chain;
 mod common;
 mod matmul;
 mod norms;
@@ -21,7 +20,7 @@ use kernel_ir::{Array, Kernel};
 pub use attention::{
     reference_backward, reference_forward, AttentionConfig, FlashAttention, FlashAttentionBwd,
 };
-pub use chain::{Chain, Source, Step};
+pub use kernel_ir::chain::{self, Chain, Source, Step};
 pub use matmul::{Matmul, MatmulConfig};
 pub use norms::{LayerNorm, NormConfig, RmsNorm};
 pub use paged_attention::{check_block_tables, PagedAttention, PagedAttentionConfig};
@@ -61,6 +60,9 @@ pub trait LibraryKernel: Sync {
     fn params(&self) -> &'static [ParamDef];
     /// The parameters the autotuner may choose (block sizes), with the values it tries.
     fn tunables(&self) -> &'static [Tunable];
+    /// Small parameter sets (odd sizes, bf16, GQA, masks...) on which the tests check
+    /// the op's baselines against its reference.
+    fn cases(&self) -> &'static [&'static str];
     /// The kernels this op runs, in order (most ops have one).
     fn build(&self, p: &Params) -> Result<Vec<Kernel>, BoxError>;
     /// Deterministic random inputs.
@@ -94,6 +96,9 @@ pub trait Op: Sync {
     const PARAMS: &'static [ParamDef];
     /// The parameters the autotuner may choose (none by default).
     const TUNABLE: &'static [Tunable] = &[];
+    /// Small parameter sets (`name=value,...`: odd sizes, bf16, GQA, masks...) on which
+    /// the tests check the op's baselines against its reference.
+    const CASES: &'static [&'static str] = &[];
     /// Parses and validates the parameters.
     fn config(p: &Params) -> Result<Self::Config, BoxError>;
     /// The kernels this op runs, in order.
@@ -136,6 +141,9 @@ impl<T: Op> LibraryKernel for T {
     }
     fn params(&self) -> &'static [ParamDef] {
         T::PARAMS
+    }
+    fn cases(&self) -> &'static [&'static str] {
+        T::CASES
     }
     fn tunables(&self) -> &'static [Tunable] {
         T::TUNABLE

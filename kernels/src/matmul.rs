@@ -173,6 +173,7 @@ impl Op for Matmul {
     const NAME: &'static str = "matmul";
     const SUMMARY: &'static str = "o = x @ y, tiled, f32 accumulation";
     const PARAMS: &'static [ParamDef] = PARAMS;
+    const CASES: &'static [&'static str] = &["m=40,k=33,n=20", "m=64,k=64,n=64,dtype=bf16"];
     const TUNABLE: &'static [Tunable] = TUNABLE;
 
     fn config(p: &Params) -> Result<MatmulConfig, BoxError> {

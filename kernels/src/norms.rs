@@ -6,7 +6,7 @@ use kernel_macros::kernel;
 
 use crate::common::{block, pid, random_array, room_f64, tolerance_for, zero};
 use crate::softmax::{ROW_PARAMS, ROW_TUNABLE};
-use crate::torch_op::{row_plan, Args, OpSpec, Out, ROWS};
+use crate::torch_op::{row_plan, Args, OpSpec, Out, Plan, Value, ROWS};
 use crate::{BoxError, Op, ParamDef, Params, Tolerance, Tunable};
 
 /// Shape, blocking and epsilon of a norm.
@@ -146,6 +146,7 @@ impl Op for RmsNorm {
     const NAME: &'static str = "rms_norm";
     const SUMMARY: &'static str = "x / sqrt(mean(x^2) + eps) * w over the last axis";
     const PARAMS: &'static [ParamDef] = NORM_PARAMS;
+    const CASES: &'static [&'static str] = &["rows=9,cols=33"];
     const TUNABLE: &'static [Tunable] = ROW_TUNABLE;
 
     fn config(p: &Params) -> Result<NormConfig, BoxError> {
@@ -182,6 +183,7 @@ impl Op for LayerNorm {
     const NAME: &'static str = "layer_norm";
     const SUMMARY: &'static str = "(x - mean) / sqrt(var + eps) * w + b over the last axis";
     const PARAMS: &'static [ParamDef] = NORM_PARAMS;
+    const CASES: &'static [&'static str] = &["rows=9,cols=33,dtype=bf16"];
     const TUNABLE: &'static [Tunable] = ROW_TUNABLE;
 
     fn config(p: &Params) -> Result<NormConfig, BoxError> {
@@ -218,14 +220,7 @@ pub(crate) const RMS_NORM_OP: OpSpec = OpSpec {
     outputs: &[Out::like(0)],
     returns: 1,
     splits: ROWS,
-    plan: |values| {
-        let mut a = Args::new(values);
-        let x = a.tensor("x")?.min_rank(1)?;
-        let cols = *x.shape.last().unwrap_or(&0);
-        let w = a.tensor("weight")?.vector(&x, cols)?;
-        let eps = a.float("eps")?;
-        Ok(row_plan("rms_norm", &[x], &[w], eps))
-    },
+    plan: |values| norm_plan("rms_norm", values, &["weight"]),
 };
 
 /// `torch.ops.tessera.layer_norm`.
@@ -236,13 +231,23 @@ pub(crate) const LAYER_NORM_OP: OpSpec = OpSpec {
     outputs: &[Out::like(0)],
     returns: 1,
     splits: ROWS,
-    plan: |values| {
-        let mut a = Args::new(values);
-        let x = a.tensor("x")?.min_rank(1)?;
-        let cols = *x.shape.last().unwrap_or(&0);
-        let w = a.tensor("weight")?.vector(&x, cols)?;
-        let b = a.tensor("bias")?.vector(&x, cols)?;
-        let eps = a.float("eps")?;
-        Ok(row_plan("layer_norm", &[x], &[w, b], eps))
-    },
+    plan: |values| norm_plan("layer_norm", values, &["weight", "bias"]),
 };
+
+/// A norm's plan: `x`, then the `[cols]` parameter vectors named `vectors` (in `x`'s
+/// dtype), then `eps`.
+fn norm_plan(
+    kernel: &'static str,
+    values: &[Value],
+    vectors: &[&'static str],
+) -> Result<Plan, String> {
+    let mut a = Args::new(values);
+    let x = a.tensor("x")?.min_rank(1)?;
+    let cols = *x.shape.last().unwrap_or(&0);
+    let vectors = vectors
+        .iter()
+        .map(|name| a.tensor(name)?.vector(&x, cols))
+        .collect::<Result<Vec<_>, _>>()?;
+    let eps = a.float("eps")?;
+    Ok(row_plan(kernel, &[x], &vectors, eps))
+}

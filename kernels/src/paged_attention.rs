@@ -349,6 +349,8 @@ impl Op for PagedAttention {
     const SUMMARY: &'static str =
         "decode attention of one query token per sequence over a paged KV cache (block table, GQA)";
     const PARAMS: &'static [ParamDef] = PARAMS;
+    const CASES: &'static [&'static str] =
+        &["batch=3,heads=4,kv_heads=2,head_dim=16,page_size=4,num_pages=9,max_pages=5"];
 
     fn config(p: &Params) -> Result<PagedAttentionConfig, BoxError> {
         PagedAttentionConfig::from_params(p)

@@ -131,6 +131,7 @@ impl Op for Rope {
     const SUMMARY: &'static str =
         "rotary embedding, Llama rotate-half layout, x: [batch, heads, seq, head_dim]";
     const PARAMS: &'static [ParamDef] = PARAMS;
+    const CASES: &'static [&'static str] = &["batch=2,heads=3,seq=11,head_dim=8"];
     const TUNABLE: &'static [Tunable] = TUNABLE;
 
     fn config(p: &Params) -> Result<RopeConfig, BoxError> {

@@ -101,6 +101,7 @@ impl Op for Softmax {
     const NAME: &'static str = "softmax";
     const SUMMARY: &'static str = "softmax over the last axis of a [rows, cols] array";
     const PARAMS: &'static [ParamDef] = ROW_PARAMS;
+    const CASES: &'static [&'static str] = &["rows=13,cols=70"];
     const TUNABLE: &'static [Tunable] = ROW_TUNABLE;
 
     fn config(p: &Params) -> Result<SoftmaxConfig, BoxError> {

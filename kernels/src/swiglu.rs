@@ -110,6 +110,7 @@ impl Op for Swiglu {
     const NAME: &'static str = "swiglu";
     const SUMMARY: &'static str = "silu(a) * b, element-wise";
     const PARAMS: &'static [ParamDef] = PARAMS;
+    const CASES: &'static [&'static str] = &["rows=5,cols=17"];
     const TUNABLE: &'static [Tunable] = TUNABLE;
 
     fn config(p: &Params) -> Result<SwigluConfig, BoxError> {

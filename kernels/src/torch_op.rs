@@ -188,7 +188,8 @@ pub enum Placement {
 pub struct Split {
     /// What it splits (`heads`, `rows`, ...).
     pub name: &'static str,
-    /// The arguments split, by schema name, and on which dim.
+    /// The arguments split, by schema name, and on which dim (a name the op does not
+    /// have, or an argument left out, is skipped).
     pub args: &'static [(&'static str, Axis)],
     /// Each output's placement, in order.
     pub outputs: &'static [Placement],
@@ -209,6 +210,19 @@ pub const ROWS: &[Split] = &[Split {
     divides: &["rows"],
     even: false,
 }];
+
+/// The tensors of an attention op split together on `axis`: the query, keys and
+/// values, and a backward's gradient and saved forward (names an op lacks are skipped).
+pub const fn attention_tensors(axis: Axis) -> [(&'static str, Axis); 6] {
+    [
+        ("q", axis),
+        ("k", axis),
+        ("v", axis),
+        ("grad_out", axis),
+        ("out", axis),
+        ("lse", axis),
+    ]
+}
 
 /// A library op as a PyTorch op, declared once.
 pub struct OpSpec {

@@ -273,134 +273,46 @@ pub(crate) unsafe fn run_prepared(
     }))
 }
 
-/// Runs an op's [`kernels::Chain`] natively on the callers' buffers: its host-derived
-/// arrays (computed from the small inputs the chain reads, such as varlen's offsets) and
-/// intermediate arrays in host memory, no copies of the inputs or outputs. `None` (before
-/// anything ran) when the op has no chain for these inputs, a kernel cannot run in place,
-/// or a buffer is not of the type its kernel takes.
+/// Runs an op's [`kernels::Chain`] natively on the callers' buffers
+/// ([`runtime::native::ChainRun`]): its host-derived arrays (computed from the small
+/// inputs the chain reads, such as varlen's offsets) and intermediate arrays in host
+/// memory, no copies of the inputs or outputs. `None` (before anything ran) when the op
+/// has no chain for these inputs, a kernel cannot run in place, or a buffer is not of the
+/// type its kernel takes.
 fn run_chain(
     prepared: &PreparedOp,
     context: &dyn Fn() -> String,
     inputs: &[Buffer],
     outputs: &[Buffer],
 ) -> Option<Result<&'static str, OpError>> {
-    use kernels::Source;
     let chain = prepared.op.chain(&prepared.params, inputs.len())?;
-    if chain.outputs.len() != outputs.len() {
-        return None;
-    }
-    // The compiled kernel of each step, which knows its I/O types.
-    let native = |step: usize| {
-        prepared
-            .kernels
-            .get(chain.steps.get(step)?.kernel)?
-            .as_ref()
-    };
-    // Every op output is some step's output, so nothing is left unwritten.
-    let produces = |s: &Source| match *s {
-        Source::Output { step, index } => {
-            native(step).is_some_and(|n| index < n.output_types().len())
-        }
-        Source::Input(_) | Source::Derived(_) => false,
-    };
-    if !chain.outputs.iter().all(produces) || (0..chain.steps.len()).any(|s| native(s).is_none()) {
-        return None;
+    let (in_types, out_types) = (types(inputs, "input").ok()?, types(outputs, "output").ok()?);
+    if chain
+        .steps
+        .iter()
+        .any(|s| !matches!(prepared.kernels.get(s.kernel), Some(Some(_))))
+    {
+        return None; // a kernel that cannot run in place: derive nothing
     }
     let derived = match derive(prepared, &chain.reads, inputs, context)? {
         Ok(derived) => derived,
         Err(e) => return Some(Err(e)),
     };
-    let derived_buffers: Vec<Buffer> = derived.iter().map(native_buffer).collect();
-    // Every buffer and earlier output has the type its kernel takes, checked before any
-    // kernel runs; each step's outputs are the op output they are, if any.
-    let mut plans = Vec::with_capacity(chain.steps.len());
-    for (at, step) in chain.steps.iter().enumerate() {
-        let compiled = native(at)?;
-        let in_types = compiled.input_types();
-        if step.inputs.len() != in_types.len() {
-            return None;
-        }
-        let one = |b: Option<&Buffer>, t: &TensorType| {
-            b.is_some_and(|b| buffers_match(std::slice::from_ref(b), std::slice::from_ref(t)))
-        };
-        for (s, t) in step.inputs.iter().zip(in_types) {
-            let fits = match *s {
-                Source::Input(i) => one(inputs.get(i), t),
-                Source::Derived(i) => one(derived_buffers.get(i), t),
-                // Only an earlier step's output exists when this one runs.
-                Source::Output { step, index } => {
-                    step < at && native(step)?.output_types().get(index) == Some(t)
-                }
-            };
-            if !fits {
-                return None;
-            }
-        }
-        let out_types = compiled.output_types();
-        let outs: Vec<Option<usize>> = (0..out_types.len())
-            .map(|index| {
-                let out = Source::Output { step: at, index };
-                chain.outputs.iter().position(|s| *s == out)
-            })
-            .collect();
-        for (to, t) in outs.iter().zip(out_types) {
-            if let Some(&o) = to.as_ref() {
-                if !one(outputs.get(o), t) {
-                    return None;
-                }
-            }
-        }
-        plans.push((compiled, out_types, outs));
-    }
-    // Intermediate outputs live in words of host memory until the chain ends.
-    let mut produced: Vec<Vec<Buffer>> = Vec::with_capacity(plans.len());
-    let mut scratch: Vec<Vec<u32>> = Vec::new();
-    for ((compiled, out_types, outs), step) in plans.into_iter().zip(&chain.steps) {
-        let mut ins: Vec<Buffer> = Vec::with_capacity(step.inputs.len());
-        for s in &step.inputs {
-            let output = |step: usize, index| produced.get(step)?.get(index);
-            // Checked above: every source exists when its step runs.
-            ins.push(s.resolve(inputs, &derived_buffers, output)?.clone());
-        }
-        let mut step_outs = Vec::with_capacity(outs.len());
-        for (to, t) in outs.into_iter().zip(out_types) {
-            step_outs.push(match to {
-                Some(o) => outputs[o].clone(),
-                None => {
-                    // Whole words of 4 bytes (f32, i32), 2 (bf16, f16) or 1 (bool).
-                    let words = t.byte_size().unwrap_or(u64::MAX).div_ceil(4);
-                    let words = match try_with_capacity::<u32>(
-                        || format!("{}: an intermediate array", context()),
-                        words,
-                    ) {
-                        Ok(mut w) => {
-                            w.resize(words as usize, 0);
-                            w
-                        }
-                        Err(e) => return Some(Err(OpError::NoMemory(e.to_string()))),
-                    };
-                    let b = (
-                        words.as_ptr() as usize,
-                        t.shape.clone(),
-                        t.dtype.name().to_string(),
-                    );
-                    scratch.push(words);
-                    b
-                }
-            });
-        }
-        // SAFETY: every buffer is a live, contiguous array of its kernel's type (checked
-        // above, or allocated so); the outputs are the callers' fresh tensors or scratch.
-        let ran = in_place(context, &ins, &step_outs, |i, o| unsafe {
-            compiled.run_in_place(i, o)
-        });
-        if let Err(e) = ran {
-            return Some(Err(e));
-        }
-        produced.push(step_outs);
-    }
-    drop((scratch, derived));
-    Some(Ok(Backend::Native.name()))
+    let derived_types: Vec<TensorType> = derived.iter().map(|a| a.ty().clone()).collect();
+    let run = runtime::native::ChainRun::new(
+        &chain,
+        &prepared.kernels,
+        &in_types,
+        &derived_types,
+        &out_types,
+    )?;
+    let derived_addrs: Vec<*const std::ffi::c_void> =
+        derived.iter().map(NativeArray::as_ptr).collect();
+    // SAFETY: the callers pass live, contiguous buffers of their types and fresh outputs;
+    // the derived arrays live until the run ends; `ChainRun::new` checked every type.
+    Some(in_place(context, inputs, outputs, |ins, outs| unsafe {
+        run.run(ins, &derived_addrs, outs, context)
+    }))
 }
 
 /// The arrays a chain derives on the host ([`kernels::LibraryKernel::derive`]) from copies
@@ -436,16 +348,6 @@ fn derive(
             .map(NativeArray::from_array)
             .collect::<Result<_, _>>()
             .map_err(|e| OpError::NoMemory(e.to_string())),
-    )
-}
-
-/// An array's element storage as a buffer (valid while the array lives, unchanged).
-fn native_buffer(a: &NativeArray) -> Buffer {
-    let ty = a.ty();
-    (
-        a.as_ptr() as usize,
-        ty.shape.clone(),
-        ty.dtype.name().to_string(),
     )
 }
 

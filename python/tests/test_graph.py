@@ -93,6 +93,36 @@ def test_an_unknown_compiler_or_option_is_an_error():
             torch.compile(torch.sin, backend="tessera", options=options)(torch.randn(3))
 
 
+def test_the_kernels_option_chooses_what_is_substituted():
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.RMSNorm(32)
+
+        def forward(self, x):
+            h = self.norm(x)
+            q = h.view(2, 8, 4, 8).transpose(1, 2)
+            a = F.scaled_dot_product_attention(q, q, q, is_causal=True).transpose(1, 2).reshape(2, 8, 32)
+            return F.silu(a) * h
+
+    block, x = Block(), torch.randn(2, 8, 32)
+    want = block(x)
+    for kernels, taken in (
+        ("all", {"rms_norm", "flash_attention", "swiglu"}),
+        (["rms_norm"], {"rms_norm"}),
+        ("swiglu,flash_attention", {"swiglu", "flash_attention"}),
+        ("none", set()),
+    ):
+        torch._dynamo.reset()
+        tessera.reset_graph_stats()
+        got = torch.compile(block, backend="tessera", options={"kernels": kernels})(x)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert set(tessera.graph_stats()["kernels"]) == taken, kernels
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="kernels \\['gelu'\\]: expected 'all', 'none' or some of"):
+        torch.compile(block, backend="tessera", options={"kernels": ["gelu"]})(x)
+
+
 def test_mingpt_trains_like_eager():
     torch.manual_seed(0)
     ours, theirs = mingpt.GPT(), mingpt.GPT()

@@ -212,7 +212,7 @@ def test_a_graph_with_a_tensor_constant_compiles_forward_and_backward(xla_path):
 
 
 def test_an_unexpected_failure_runs_the_graph_eagerly_with_one_warning(monkeypatch):
-    def broken(gm, constants):
+    def broken(gm, constants, kernels):
         x = next(iter(gm.graph.nodes))
         with gm.graph.inserting_after(x):
             gm.graph.call_function(torch.neg, (x,))  # leaves the graph half-changed

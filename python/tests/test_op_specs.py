@@ -1,6 +1,10 @@
 """The library ops are declared once (Rust ``kernels::OpSpec``) and everything else is
 derived from the registry: these tests walk it and name the op that misses a piece."""
 
+import pathlib
+import re
+import subprocess
+
 import pytest
 import torch
 from test_boundary import OPS as BOUNDARY_OPS
@@ -71,3 +75,28 @@ def test_eager_and_graph_mode_launch_the_same_problem(op):
         plan = ops.plan(name, args)
         call = lower.KernelCall(plan["kernel"], dict(plan["params"]), [], [], [])
         assert [call.kernel, call.params_text()] in launched, (launched, plan)
+
+
+def test_the_recipe_lists_every_file_that_names_an_op():
+    """ARCHITECTURE's "To add a library op" lists every file with per-op code: no source
+    file outside it (and outside the kernels crate, tests and examples) names an op."""
+    root = pathlib.Path(__file__).resolve().parents[2]
+    text = (root / "ARCHITECTURE.md").read_text()
+    recipe = text[text.index("### To add a library op end to end") :]
+    recipe = recipe[: recipe.index("\nGraph mode (")]
+    listed = set(re.findall(r"`((?:python|benches|aten-bindings)/[\w/.]+\.(?:rs|py))`", recipe))
+    assert "python/tessera/autograd.py" in listed and "benches/src/torch_baseline.rs" in listed
+    sources = subprocess.run(
+        ["git", "ls-files", "*.rs", "*.py"], cwd=root, capture_output=True, text=True, check=True
+    ).stdout.split()
+    skipped = ("kernels/", "tests/", "examples/", "benches/benches/", "python/benches/", "kernel-ir/fuzz/")
+    strays = {}
+    for path in sources:
+        if path.startswith(skipped) or "/tests/" in path or path.split("/")[-1].startswith("test_"):
+            continue
+        body = (root / path).read_text()
+        body = body.split("mod tests {")[0]  # a Rust file's unit tests
+        named = [n for n in NAMES if f'"{n}"' in body]
+        if named and path not in listed:
+            strays[path] = named
+    assert not strays, f"per-op code outside the recipe in ARCHITECTURE.md: {strays}"

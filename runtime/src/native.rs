@@ -172,10 +172,12 @@ impl Compiler for JitCompiler {
     }
 }
 
+mod chain;
 mod crew;
 mod layout;
 mod pool;
 
+pub use chain::ChainRun;
 pub use layout::NativeArray;
 pub use pool::{name as thread_pool, use_openmp, OpenMp, OPENMP_SYMBOLS};
 

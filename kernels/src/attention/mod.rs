@@ -704,6 +704,12 @@ impl Op for FlashAttention {
     const SUMMARY: &'static str =
         "softmax(q k^T * scale) v with causal, GQA and ragged lengths; also returns lse";
     const PARAMS: &'static [ParamDef] = PARAMS;
+    const CASES: &'static [&'static str] = &[
+        "heads=4,kv_heads=2,q_len=33,kv_len=47",
+        "heads=2,kv_heads=1,q_len=20,kv_len=20,causal=true,dtype=bf16",
+        "heads=2,kv_heads=1,q_len=30,kv_len=30,causal=true,window=7,softcap=5",
+        "batch=2,heads=2,kv_heads=1,q_len=20,kv_len=27,causal=true,mask=batch",
+    ];
     const TUNABLE: &'static [Tunable] = TUNABLE;
 
     fn config(p: &Params) -> Result<AttentionConfig, BoxError> {
@@ -752,6 +758,11 @@ impl Op for FlashAttentionBwd {
     const SUMMARY: &'static str =
         "gradients (dq, dk, dv) of flash_attention for an output gradient do";
     const PARAMS: &'static [ParamDef] = PARAMS;
+    const CASES: &'static [&'static str] = &[
+        "heads=4,kv_heads=2,q_len=33,kv_len=47",
+        "heads=2,kv_heads=2,q_len=40,kv_len=40,causal=true",
+        "batch=2,heads=2,kv_heads=2,q_len=19,kv_len=24,softcap=3,mask=shared",
+    ];
     const TUNABLE: &'static [Tunable] = TUNABLE;
 
     fn config(p: &Params) -> Result<AttentionConfig, BoxError> {

@@ -4,81 +4,70 @@
 use kernel_ir::DType;
 
 use crate::torch_op::{
-    check_heads, f32_or_bf16, grad_out, py_shape, saved_forward, Args, Axis, Dim, Form, OpSpec,
-    Operand, Out, Placement, Plan, Split, Tensor,
+    attention_tensors, check_heads, f32_or_bf16, grad_out, py_shape, saved_forward, Args, Axis,
+    Dim, Form, OpSpec, Operand, Out, Placement, Plan, Split, Tensor,
 };
 
-/// Heads: query-shaped tensors and k/v on their heads dim, when the kv heads divide
+/// Heads: the query-shaped tensors and k/v on their heads dim, when the kv heads divide
 /// over the devices (each keeps whole GQA groups; a score mask, one for every head, is
 /// whole on each). Batch: every tensor on dim 0, a score mask with a batch dim too.
-const FORWARD_SPLITS: &[Split] = &[
-    Split {
-        name: "heads",
-        args: &[("q", DIM1), ("k", DIM1), ("v", DIM1)],
-        outputs: &[Placement::Dim(1), Placement::Dim(1)],
-        divides: &["heads", "kv_heads"],
-        even: true,
-    },
-    Split {
-        name: "batch",
-        args: &[
-            ("q", DIM0),
-            ("k", DIM0),
-            ("v", DIM0),
-            ("mask", Axis::MaskBatch),
-        ],
-        outputs: &[Placement::Dim(0), Placement::Dim(0)],
-        divides: &[],
-        even: false,
-    },
-];
+/// `outputs` is how many outputs the op has (all split like the query).
+const fn splits(outputs: usize) -> [Split; 2] {
+    const HEADS: &[(&str, Axis)] = &attention_tensors(Axis::Dim(1));
+    const BATCH: &[(&str, Axis)] = &{
+        let [q, k, v, g, o, l] = attention_tensors(Axis::Dim(0));
+        [q, k, v, g, o, l, ("mask", Axis::MaskBatch)]
+    };
+    const DIM: [&[Placement]; 2] = [
+        &[Placement::Dim(1), Placement::Dim(1), Placement::Dim(1)],
+        &[Placement::Dim(0), Placement::Dim(0), Placement::Dim(0)],
+    ];
+    [
+        Split {
+            name: "heads",
+            args: HEADS,
+            outputs: DIM[0].split_at(outputs).0,
+            divides: &["heads", "kv_heads"],
+            even: true,
+        },
+        Split {
+            name: "batch",
+            args: BATCH,
+            outputs: DIM[1].split_at(outputs).0,
+            divides: &[],
+            even: false,
+        },
+    ]
+}
 
-/// The backward's splits: the forward's, with the gradient and the saved forward split
-/// like the query.
-const BACKWARD_SPLITS: &[Split] = &[
-    Split {
-        name: "heads",
-        args: &[
-            ("q", DIM1),
-            ("k", DIM1),
-            ("v", DIM1),
-            ("grad_out", DIM1),
-            ("out", DIM1),
-            ("lse", DIM1),
-        ],
-        outputs: &[Placement::Dim(1), Placement::Dim(1), Placement::Dim(1)],
-        divides: &["heads", "kv_heads"],
-        even: true,
-    },
-    Split {
-        name: "batch",
-        args: &[
-            ("q", DIM0),
-            ("k", DIM0),
-            ("v", DIM0),
-            ("grad_out", DIM0),
-            ("out", DIM0),
-            ("lse", DIM0),
-            ("mask", Axis::MaskBatch),
-        ],
-        outputs: &[Placement::Dim(0), Placement::Dim(0), Placement::Dim(0)],
-        divides: &[],
-        even: false,
-    },
-];
-
-const DIM0: Axis = Axis::Dim(0);
-const DIM1: Axis = Axis::Dim(1);
+const FORWARD_SPLITS: &[Split] = &splits(2);
+const BACKWARD_SPLITS: &[Split] = &splits(3);
 
 /// The log-sum-exp `[batch, heads, q_len, 1]`.
 const LSE: Out = Out::lse(&[Dim::Of(0, 0), Dim::Of(0, 1), Dim::Of(0, 2), Dim::One]);
 
+/// The forward ops' outputs: the output and its log-sum-exp.
+const FORWARD_OUTPUTS: &[Out] = &[Out::like(0), LSE];
+
+/// A forward op: the public op (returning the output) or autograd's (output and
+/// log-sum-exp), one plan.
+const fn forward_op(schema: &'static str, doc: &'static str, returns: usize) -> OpSpec {
+    OpSpec {
+        schema,
+        doc,
+        outputs: FORWARD_OUTPUTS,
+        returns,
+        splits: FORWARD_SPLITS,
+        plan: |values| forward(&mut Args::new(values)),
+    }
+}
+
 /// `torch.ops.tessera.flash_attention`.
-pub(crate) const FLASH_ATTENTION: OpSpec = OpSpec {
-    schema: "flash_attention(Tensor q, Tensor k, Tensor v, bool is_causal=False, \
+pub(crate) const FLASH_ATTENTION: OpSpec = forward_op(
+    "flash_attention(Tensor q, Tensor k, Tensor v, bool is_causal=False, \
              float? scale=None, int? window=None, float? softcap=None, Tensor? mask=None) \
              -> Tensor",
-    doc: "FlashAttention: `softmax(q @ k^T * scale + mask) @ v` for q `[batch, heads, q_len, \
+    "FlashAttention: `softmax(q @ k^T * scale + mask) @ v` for q `[batch, heads, q_len, \
           head_dim]` and k/v `[batch, kv_heads, kv_len, head_dim]` (GQA when kv_heads divides \
           heads; float32 or bfloat16; head_dim up to 256). `scale` defaults to \
           1/sqrt(head_dim); `is_causal` aligns the last query with the last key; `window` \
@@ -86,23 +75,17 @@ pub(crate) const FLASH_ATTENTION: OpSpec = OpSpec {
           `softcap * tanh(s / softcap)`; `mask` (boolean: true where the query sees the key, \
           or additive float) broadcasts to `[batch, 1, q_len, kv_len]`, one for every head. \
           Differentiable in q, k and v.",
-    outputs: &[Out::like(0), LSE],
-    returns: 1,
-    splits: FORWARD_SPLITS,
-    plan: |values| forward(&mut Args::new(values)),
-};
+    1,
+);
 
 /// `torch.ops.tessera.flash_attention_fwd`.
-pub(crate) const FLASH_ATTENTION_FWD: OpSpec = OpSpec {
-    schema: "flash_attention_fwd(Tensor q, Tensor k, Tensor v, bool is_causal, float scale, \
+pub(crate) const FLASH_ATTENTION_FWD: OpSpec = forward_op(
+    "flash_attention_fwd(Tensor q, Tensor k, Tensor v, bool is_causal, float scale, \
              int? window=None, float? softcap=None, Tensor? mask=None) -> (Tensor, Tensor)",
-    doc: "flash_attention's forward for autograd: the output and its float32 log-sum-exp \
+    "flash_attention's forward for autograd: the output and its float32 log-sum-exp \
           `[batch, heads, q_len, 1]`.",
-    outputs: &[Out::like(0), LSE],
-    returns: 2,
-    splits: FORWARD_SPLITS,
-    plan: |values| forward(&mut Args::new(values)),
-};
+    2,
+);
 
 /// `torch.ops.tessera.flash_attention_bwd`.
 pub(crate) const FLASH_ATTENTION_BWD: OpSpec = OpSpec {

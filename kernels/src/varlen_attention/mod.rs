@@ -592,6 +592,10 @@ impl Op for VarlenAttention {
     const SUMMARY: &'static str =
         "attention over packed variable-length sequences (cu_seqlens offsets, causal, GQA); also returns lse";
     const PARAMS: &'static [ParamDef] = PARAMS;
+    const CASES: &'static [&'static str] = &[
+        "batch=4,heads=4,kv_heads=2,total_q=70,total_k=55,head_dim=16",
+        "batch=3,heads=2,kv_heads=2,total_q=50,causal=true,dtype=bf16",
+    ];
     const TUNABLE: &'static [Tunable] = TUNABLE;
 
     fn config(p: &Params) -> Result<VarlenConfig, BoxError> {
@@ -665,6 +669,8 @@ impl Op for VarlenAttentionBwd {
     const SUMMARY: &'static str =
         "gradients (dq, dk, dv) of varlen_attention for an output gradient do";
     const PARAMS: &'static [ParamDef] = PARAMS;
+    const CASES: &'static [&'static str] =
+        &["batch=4,heads=4,kv_heads=2,total_q=60,causal=true,head_dim=16"];
     const TUNABLE: &'static [Tunable] = TUNABLE;
 
     fn config(p: &Params) -> Result<VarlenConfig, BoxError> {

@@ -2,8 +2,8 @@
 //! autograd runs (`varlen_attention_fwd`, `varlen_attention_bwd`).
 
 use crate::torch_op::{
-    check_heads, f32_or_bf16, grad_out, py_shape, saved_forward, Args, Axis, Dim, OpSpec, Operand,
-    Out, Placement, Plan, Split, Tensor,
+    attention_tensors, check_heads, f32_or_bf16, grad_out, py_shape, saved_forward, Args, Axis,
+    Dim, OpSpec, Operand, Out, Placement, Plan, Split, Tensor,
 };
 
 use super::check_cu_seqlens;
@@ -12,51 +12,52 @@ use super::check_cu_seqlens;
 /// devices (each keeps whole GQA groups; the offsets whole on each).
 const SPLITS: &[Split] = &[Split {
     name: "heads",
-    args: &[
-        ("q", HEADS),
-        ("k", HEADS),
-        ("v", HEADS),
-        ("grad_out", HEADS),
-        ("out", HEADS),
-        ("lse", HEADS),
-    ],
+    args: &attention_tensors(Axis::Dim(0)),
     outputs: &[Placement::Dim(0), Placement::Dim(0), Placement::Dim(0)],
     divides: &["heads", "kv_heads"],
     even: true,
 }];
 
-const HEADS: Axis = Axis::Dim(0);
-
 /// The log-sum-exp `[heads, total_q, 1]`.
 const LSE: Out = Out::lse(&[Dim::Of(0, 0), Dim::Of(0, 1), Dim::One]);
 
+/// The forward ops' outputs: the output and its log-sum-exp.
+const FORWARD_OUTPUTS: &[Out] = &[Out::like(0), LSE];
+
+/// A forward op: the public op (returning the output) or autograd's (output and
+/// log-sum-exp), one plan.
+const fn forward_op(schema: &'static str, doc: &'static str, returns: usize) -> OpSpec {
+    OpSpec {
+        schema,
+        doc,
+        outputs: FORWARD_OUTPUTS,
+        returns,
+        splits: SPLITS,
+        plan: |values| forward(&mut Args::new(values)),
+    }
+}
+
 /// `torch.ops.tessera.varlen_attention`.
-pub(crate) const VARLEN_ATTENTION: OpSpec = OpSpec {
-    schema: "varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, \
+pub(crate) const VARLEN_ATTENTION: OpSpec = forward_op(
+    "varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, \
              Tensor cu_seqlens_k, bool is_causal=False, float? scale=None) -> Tensor",
-    doc: "Attention over packed sequences of different lengths: q `[heads, total_q, \
+    "Attention over packed sequences of different lengths: q `[heads, total_q, \
           head_dim]`, k/v `[kv_heads, total_k, head_dim]` and int32 or int64 offsets \
           `cu_seqlens_q`/`cu_seqlens_k` of `(batch + 1,)` (checked before anything runs); \
           each sequence attends only to its own keys (`is_causal` aligns their ends). \
           float32 or bfloat16; `scale` defaults to 1/sqrt(head_dim). Differentiable in q, \
           k and v.",
-    outputs: &[Out::like(0), LSE],
-    returns: 1,
-    splits: SPLITS,
-    plan: |values| forward(&mut Args::new(values)),
-};
+    1,
+);
 
 /// `torch.ops.tessera.varlen_attention_fwd`.
-pub(crate) const VARLEN_ATTENTION_FWD: OpSpec = OpSpec {
-    schema: "varlen_attention_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, \
+pub(crate) const VARLEN_ATTENTION_FWD: OpSpec = forward_op(
+    "varlen_attention_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, \
              Tensor cu_seqlens_k, bool is_causal, float scale) -> (Tensor, Tensor)",
-    doc: "varlen_attention's forward for autograd: the output and its float32 log-sum-exp \
+    "varlen_attention's forward for autograd: the output and its float32 log-sum-exp \
           `[heads, total_q, 1]`.",
-    outputs: &[Out::like(0), LSE],
-    returns: 2,
-    splits: SPLITS,
-    plan: |values| forward(&mut Args::new(values)),
-};
+    2,
+);
 
 /// `torch.ops.tessera.varlen_attention_bwd`.
 pub(crate) const VARLEN_ATTENTION_BWD: OpSpec = OpSpec {

@@ -1,9 +1,11 @@
 """Graph-mode benchmark (not a test) on library models: Transformers decoders and BERT,
 timm image models and a diffusers UNet at ``library.SIZES["bench"]`` (hidden 256, 4 layers, 2x128
 tokens; 8x3x128x128 images), forward with no gradients, under eager PyTorch,
-``torch.compile`` (Inductor) and ``torch.compile(backend="tessera")`` after substitution
-on Inductor (the default), in one process: compiled and warmed up, then called in turn
-for ``--runs`` rounds (so a slow spell of the machine hits them alike). ``--xla`` adds
+``torch.compile`` (Inductor), ``torch.compile(backend="tessera")`` after substitution
+on Inductor (the default), and the same with ``options={"kernels": "none"}`` (nothing
+substituted: what the kernels themselves change), in one process: compiled and warmed
+up, then called in turn for ``--runs`` rounds, each round in a rotated order (so neither
+a slow spell of the machine nor going first or last favours one). ``--xla`` adds
 the XLA path (``options={"compiler": "xla"}``), timed after them; it slows the others
 in the same process (XLA's CPU client keeps threads busy), so its run is separate. Prints
 the kernels graph mode took and the medians; ratios below 1 mean tessera is faster.
@@ -44,6 +46,7 @@ def row(name, runs, xla):
         "eager": lambda: model,
         "inductor": lambda: torch.compile(model),
         "tessera": lambda: torch.compile(model, backend="tessera"),
+        "no kernels": lambda: torch.compile(model, backend="tessera", options={"kernels": "none"}),
     }
     if xla:
         compilers["tessera+xla"] = lambda: torch.compile(model, backend="tessera", options={"compiler": "xla"})
@@ -62,9 +65,9 @@ def row(name, runs, xla):
                     [k for k in stats["fallbacks"] if k.startswith("graph ") or k.endswith((".forward", ".backward"))]
                 )
         times = {label: [] for label in fns}
-        for phase in (("eager", "inductor", "tessera"), ("tessera+xla",) if xla else ()):
-            for _ in range(runs):
-                for label in phase:
+        for phase in (("eager", "inductor", "tessera", "no kernels"), ("tessera+xla",) if xla else ()):
+            for i in range(runs):
+                for label in phase[i % len(phase) :] + phase[: i % len(phase)]:
                     start = time.perf_counter()
                     fns[label](*inputs)
                     times[label].append(time.perf_counter() - start)
@@ -80,15 +83,18 @@ def main():
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; medians of {args.runs} calls, ms")
     xla_head = (" tessera (XLA path) | XLA path/eager | XLA path/Inductor |", "---|---|---|") if args.xla else ("", "")
-    print(f"| model | kernels taken | eager | Inductor | tessera | tessera/eager | tessera/Inductor |{xla_head[0]}")
-    print(f"|---|---|---|---|---|---|---|{xla_head[1]}")
+    print(
+        "| model | kernels taken | eager | Inductor | tessera | no kernels | tessera/eager | tessera/Inductor "
+        f"| tessera/no kernels |{xla_head[0]}"
+    )
+    print(f"|---|---|---|---|---|---|---|---|---|{xla_head[1]}")
     for name in args.models.split(","):
         r = row(name, args.runs, args.xla)
         eager_graphs = f" ({r['eager graphs']} graphs eager)" if r["eager graphs"] else ""
         t = r["tessera"]
         line = (
             f"| {name} | {r['kernels']}{eager_graphs} | {r['eager']:.2f} | {r['inductor']:.2f} | {t:.2f} | "
-            f"{t / r['eager']:.2f} | {t / r['inductor']:.2f} |"
+            f"{r['no kernels']:.2f} | {t / r['eager']:.2f} | {t / r['inductor']:.2f} | {t / r['no kernels']:.2f} |"
         )
         if args.xla:
             tx = r["tessera+xla"]

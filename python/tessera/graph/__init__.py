@@ -24,6 +24,7 @@ import itertools
 import os
 import time
 import warnings
+from dataclasses import dataclass
 
 import torch
 from torch._functorch.aot_autograd import make_boxed_func
@@ -312,16 +313,33 @@ def _dynamic(example_inputs) -> bool:
 COMPILERS = ("inductor", "xla")
 
 
-def _compiler(options) -> str:
-    """The compiler after substitution: ``options={"compiler": ...}`` of
-    ``torch.compile``, else ``TESSERA_GRAPH_COMPILER``, else ``inductor``."""
-    name = (options or {}).get("compiler") or config.get("TESSERA_GRAPH_COMPILER", "inductor")
+@dataclass(frozen=True)
+class Options:
+    """What ``torch.compile(..., backend="tessera", options=...)`` asked for."""
+
+    compiler: str  # after substitution: "inductor" or "xla"
+    kernels: frozenset  # the kernels graph mode may substitute
+
+
+def _options(options) -> Options:
+    """The backend's options: ``options`` of ``torch.compile``, else the
+    ``TESSERA_GRAPH_COMPILER`` and ``TESSERA_GRAPH_KERNELS`` variables, else Inductor and
+    every kernel."""
+    options = dict(options or {})
+    unknown = set(options) - {"compiler", "kernels"}
+    if unknown:
+        raise GraphModeError(f"unknown options {sorted(unknown)}: the tessera backend takes 'compiler' and 'kernels'")
+    name = options.get("compiler") or config.get("TESSERA_GRAPH_COMPILER", "inductor")
     if name not in COMPILERS:
         raise GraphModeError(f"compiler {name!r}: expected one of {', '.join(COMPILERS)}")
-    unknown = set(options or {}) - {"compiler"}
-    if unknown:
-        raise GraphModeError(f"unknown options {sorted(unknown)}: the tessera backend takes 'compiler'")
-    return name
+    kernels = options.get("kernels", config.get("TESSERA_GRAPH_KERNELS", "all"))
+    if isinstance(kernels, str):
+        kernels = {"all": patterns.KERNELS, "none": ()}.get(kernels, [k for k in kernels.split(",") if k])
+    kernels = frozenset(kernels)
+    if kernels - patterns.KERNELS:
+        known = ", ".join(sorted(patterns.KERNELS))
+        raise GraphModeError(f"kernels {sorted(kernels - patterns.KERNELS)}: expected 'all', 'none' or some of {known}")
+    return Options(name, kernels)
 
 
 def tessera_backend(gm: torch.fx.GraphModule, example_inputs, options=None, **kwargs):
@@ -333,21 +351,21 @@ def tessera_backend(gm: torch.fx.GraphModule, example_inputs, options=None, **kw
     compile for every shape) when that compiler is chosen and takes it, else is compiled
     for each shape it is called with (:class:`_PerShape`)."""
     graph_id = next(_graph_ids)
-    compiler = _compiler(options)
+    chosen = _options(options)
     if _dynamic(example_inputs):
-        if compiler == "inductor":
-            run = _symbolic(gm, example_inputs, f"g{graph_id}")
+        if chosen.compiler == "inductor":
+            run = _symbolic(gm, example_inputs, f"g{graph_id}", chosen)
             if run is not None:
                 return run
-        return _PerShape(gm, f"g{graph_id}", compiler)
-    return _static(gm, example_inputs, f"g{graph_id}", compiler)
+        return _PerShape(gm, f"g{graph_id}", chosen)
+    return _static(gm, example_inputs, f"g{graph_id}", chosen)
 
 
-def _symbolic(gm: torch.fx.GraphModule, example_inputs, name: str):
+def _symbolic(gm: torch.fx.GraphModule, example_inputs, name: str, chosen: Options):
     """The dynamic graph substituted and compiled by Inductor with its symbolic sizes,
     or None when that fails (it is then compiled per shape)."""
     try:
-        run = _substitute_and_compile(_copy(gm), example_inputs, name, "inductor")
+        run = _substitute_and_compile(_copy(gm), example_inputs, name, chosen)
     except GraphModeError:
         raise
     except Exception as e:  # noqa: BLE001 - the per-shape path still takes the graph
@@ -357,12 +375,12 @@ def _symbolic(gm: torch.fx.GraphModule, example_inputs, name: str):
     return run
 
 
-def _static(gm: torch.fx.GraphModule, example_inputs, name: str, compiler: str):
+def _static(gm: torch.fx.GraphModule, example_inputs, name: str, chosen: Options):
     """Compiles a graph of static shapes, or returns it to run eagerly if anything fails."""
     original = gm
     try:
         original = _copy(gm)
-        return _substitute_and_compile(gm, example_inputs, name, compiler)
+        return _substitute_and_compile(gm, example_inputs, name, chosen)
     except GraphModeError:
         raise
     except Exception as e:  # noqa: BLE001 - a backend must not raise on a graph it cannot take
@@ -387,8 +405,8 @@ class _PerShape:
     further shapes run eagerly, said once. ``graph_stats()["shapes"]`` counts the
     shapes compiled per graph."""
 
-    def __init__(self, gm: torch.fx.GraphModule, name: str, compiler: str):
-        self.gm, self.name, self.compiler, self.compiled = gm, name, compiler, {}
+    def __init__(self, gm: torch.fx.GraphModule, name: str, chosen: Options):
+        self.gm, self.name, self.chosen, self.compiled = gm, name, chosen, {}
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         # Inputs read only through .item() (floats Dynamo did not specialize): their
         # values are part of the shape key and baked into the graph.
@@ -444,7 +462,7 @@ class _PerShape:
         for n in gm.graph.nodes:
             if "val" in n.meta:
                 n.meta["example_value"] = n.meta["val"]
-        run = _static(gm, tensors, name, self.compiler)
+        run = _static(gm, tensors, name, self.chosen)
         return lambda *call: run(*[a for a, k in zip(call, keep) if k])
 
 
@@ -456,13 +474,13 @@ def _bake(graph: torch.fx.Graph, node: torch.fx.Node, value) -> None:
     graph.erase_node(node)
 
 
-def _substitute_and_compile(gm: torch.fx.GraphModule, example_inputs, name: str, compiler: str):
-    """Substitutes Tessera's kernels into ``gm`` and hands it to Inductor, or to
+def _substitute_and_compile(gm: torch.fx.GraphModule, example_inputs, name: str, chosen: Options):
+    """Substitutes the chosen Tessera kernels into ``gm`` and hands it to Inductor, or to
     AOTAutograd with :func:`_compile` (XLA) as the forward and backward compilers."""
     from torch._dynamo.backends.common import aot_autograd
 
     _dump(f"{name}.fx_before.py", gm.code)
-    report = patterns.substitute(gm, _constant_evaluator(gm, example_inputs))
+    report = patterns.substitute(gm, _constant_evaluator(gm, example_inputs), chosen.kernels)
     _dump(f"{name}.fx_after.py", gm.code)
     _stats["fallbacks"].update(report.skipped)
     for what, reason in report.skipped.items():
@@ -473,7 +491,7 @@ def _substitute_and_compile(gm: torch.fx.GraphModule, example_inputs, name: str,
         + (f"; kept {report.skipped}" if report.skipped else "")
     )
 
-    if compiler == "inductor":
+    if chosen.compiler == "inductor":
         return _inductor(gm, example_inputs, name, report)
 
     def xla(kind):

@@ -121,7 +121,7 @@ def _split(spec: dict, plan: dict, names: list, values: list):
         else:
             same_view = values[arg] is not None and list(values[arg].shape) == list(shape)
             ins.append(axis if isinstance(axis, int) and same_view else 0)
-    outs = [0 if p == "same" else p for p in split["outputs"]]
+    outs = [0 if p == "same" else p for p in split["outputs"]][: len(plan["outputs"])]
     return ins, outs, split["divides"]
 
 

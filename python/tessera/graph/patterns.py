@@ -538,17 +538,28 @@ def _swiglu(graph, report):
         _replace(graph, n, torch.ops.tessera.swiglu, (gate, b), report, "swiglu")
 
 
-def substitute(gm: torch.fx.GraphModule, constants: Callable) -> Report:
-    """Runs every pass on ``gm`` in place. ``constants(node)`` gives a node's value when
-    it depends only on constants and buffers (else None)."""
+#: The passes, each with the kernel it substitutes, in the order they run.
+PASSES = (
+    ("flash_attention", lambda graph, report, constants: _attention(graph, report, constants)),
+    ("flash_attention", lambda graph, report, constants: _eager_attention(graph, report, constants)),
+    ("rms_norm", lambda graph, report, constants: _rms_norm(graph, report)),
+    ("layer_norm", lambda graph, report, constants: _layer_norm(graph, report)),
+    ("softmax", lambda graph, report, constants: _softmax(graph, report)),
+    ("swiglu", lambda graph, report, constants: _swiglu(graph, report)),
+)
+
+#: Every kernel graph mode substitutes.
+KERNELS = frozenset(kernel for kernel, _ in PASSES)
+
+
+def substitute(gm: torch.fx.GraphModule, constants: Callable, kernels: frozenset = KERNELS) -> Report:
+    """Runs the passes of ``kernels`` on ``gm`` in place. ``constants(node)`` gives a
+    node's value when it depends only on constants and buffers (else None)."""
     report = Report()
     graph = gm.graph
-    _attention(graph, report, constants)
-    _eager_attention(graph, report, constants)
-    _rms_norm(graph, report)
-    _layer_norm(graph, report)
-    _softmax(graph, report)
-    _swiglu(graph, report)
+    for kernel, run in PASSES:
+        if kernel in kernels:
+            run(graph, report, constants)
     _prune(graph, report.replaced)
     graph.lint()
     gm.recompile()

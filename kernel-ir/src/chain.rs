@@ -1,15 +1,15 @@
 //! How an op's kernels feed each other, for executors that run them on the callers'
-//! storage instead of through [`crate::LibraryKernel::run`] (the torch ops do): which op
+//! storage (`runtime::native::ChainRun`) instead of through the op's own `run`: which op
 //! input, host-derived array or earlier kernel output each kernel reads, and where the
-//! op's outputs come from.
+//! op's outputs come from. The library declares its ops' chains (`kernels::Op::chain`).
 
 /// Where a kernel's input, or one of the op's outputs, comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Source {
     /// The op's input at this position.
     Input(usize),
-    /// Array `i` of those the op derives on the host before the chain runs
-    /// ([`crate::LibraryKernel::derive`], from the inputs [`Chain::reads`] names).
+    /// Array `i` of those the op derives on the host before the chain runs (the library
+    /// op's `derive`, from the inputs [`Chain::reads`] names).
     Derived(usize),
     /// Output `index` of the chain's step `step`.
     Output { step: usize, index: usize },
@@ -51,8 +51,8 @@ pub struct Step {
 /// steps in order; the op's outputs are `outputs`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Chain {
-    /// The op inputs (small ones, such as offsets) [`crate::LibraryKernel::derive`]
-    /// takes, in order; empty when no step reads a [`Source::Derived`] array.
+    /// The op inputs (small ones, such as offsets) the op's `derive` takes, in order;
+    /// empty when no step reads a [`Source::Derived`] array.
     pub reads: Vec<usize>,
     /// The kernel runs, in order.
     pub steps: Vec<Step>,
