@@ -7,8 +7,6 @@
 //! lowering (through the extension's `op_plan`), and `aten-bindings`. Each op's spec
 //! lives beside its kernel; [`crate::torch_ops`] lists them.
 
-use std::fmt::Write as _;
-
 use kernel_ir::DType;
 
 /// PyTorch's dtype names and the Tessera dtype of each (the one table of them).
@@ -27,14 +25,6 @@ pub fn tessera_dtype(name: &str) -> Option<DType> {
         .iter()
         .find(|(n, _)| *n == name)
         .and_then(|(_, d)| *d)
-}
-
-/// PyTorch's name of a Tessera dtype (`f32` -> `torch.float32`).
-pub fn torch_dtype(dtype: DType) -> &'static str {
-    DTYPES
-        .iter()
-        .find(|(_, d)| *d == Some(dtype))
-        .map_or("torch.float32", |(n, _)| n)
 }
 
 /// A tensor argument as the checks see it.
@@ -290,18 +280,6 @@ pub struct Plan {
     pub launch: bool,
     /// Checks the index operands' values, when the kernel indexes with them.
     pub check_indices: Option<IndexCheck>,
-}
-
-impl Plan {
-    /// The parameters as the kernel's `name=value,...` text.
-    pub fn params_text(&self) -> String {
-        let mut text = String::new();
-        for (i, (k, v)) in self.params.iter().enumerate() {
-            let sep = if i == 0 { "" } else { "," };
-            let _ = write!(text, "{sep}{k}={v}");
-        }
-        text
-    }
 }
 
 /// `(5, 3)` / `(5,)` / `()`: a shape as Python prints it (messages quote shapes so).
@@ -650,12 +628,11 @@ mod tests {
     }
 
     #[test]
-    fn every_dtype_round_trips_through_the_table() {
+    fn the_dtype_table_names_each_tessera_dtype_once() {
         for (name, dtype) in DTYPES {
-            if let Some(d) = dtype {
-                assert_eq!(torch_dtype(*d), *name);
-                assert_eq!(tessera_dtype(name), Some(*d));
-            }
+            assert_eq!(tessera_dtype(name), *dtype);
+            let same = DTYPES.iter().filter(|(_, d)| d.is_some() && d == dtype);
+            assert!(dtype.is_none() || same.count() == 1, "{name}");
         }
         assert_eq!(tessera_dtype("torch.float64"), None);
     }

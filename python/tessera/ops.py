@@ -22,7 +22,9 @@ SPECS = {spec["name"]: spec for spec in _tessera.op_specs()}
 #: The ``tessera`` op library (``torch.library``) holding the definitions.
 lib = torch.library.Library("tessera", "DEF")
 for _spec in SPECS.values():
-    lib.define(_spec["schema"])
+    # The kernels read contiguous storage: the tag lets Inductor write each input
+    # contiguous where it is made (a fused producer), rather than the op copying it.
+    lib.define(_spec["schema"], tags=(torch.Tag.needs_contiguous_strides,))
 _tessera.register_cpu_kernels(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
 
 for _name, _spec in SPECS.items():

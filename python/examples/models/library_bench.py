@@ -65,7 +65,8 @@ def row(name, runs, xla):
                     [k for k in stats["fallbacks"] if k.startswith("graph ") or k.endswith((".forward", ".backward"))]
                 )
         times = {label: [] for label in fns}
-        for phase in (("eager", "inductor", "tessera", "no kernels"), ("tessera+xla",) if xla else ()):
+        phases = [("eager", "inductor", "tessera", "no kernels")] + ([("tessera+xla",)] if xla else [])
+        for phase in phases:
             for i in range(runs):
                 for label in phase[i % len(phase) :] + phase[: i % len(phase)]:
                     start = time.perf_counter()
