@@ -232,6 +232,17 @@ pub struct OpSpec {
 }
 
 impl OpSpec {
+    /// The same op under another schema and doc, returning the first `returns` of its
+    /// outputs (an autograd forward that also returns the log-sum-exp).
+    pub const fn variant(self, schema: &'static str, doc: &'static str, returns: usize) -> OpSpec {
+        OpSpec {
+            schema,
+            doc,
+            returns,
+            ..self
+        }
+    }
+
     /// The op's name: the schema up to `(`.
     pub fn name(&self) -> &'static str {
         &self.schema[..self.schema.find('(').unwrap_or(0)]

@@ -46,28 +46,12 @@ const BACKWARD_SPLITS: &[Split] = &splits(3);
 /// The log-sum-exp `[batch, heads, q_len, 1]`.
 const LSE: Out = Out::lse(&[Dim::Of(0, 0), Dim::Of(0, 1), Dim::Of(0, 2), Dim::One]);
 
-/// The forward ops' outputs: the output and its log-sum-exp.
-const FORWARD_OUTPUTS: &[Out] = &[Out::like(0), LSE];
-
-/// A forward op: the public op (returning the output) or autograd's (output and
-/// log-sum-exp), one plan.
-const fn forward_op(schema: &'static str, doc: &'static str, returns: usize) -> OpSpec {
-    OpSpec {
-        schema,
-        doc,
-        outputs: FORWARD_OUTPUTS,
-        returns,
-        splits: FORWARD_SPLITS,
-        plan: |values| forward(&mut Args::new(values)),
-    }
-}
-
 /// `torch.ops.tessera.flash_attention`.
-pub(crate) const FLASH_ATTENTION: OpSpec = forward_op(
-    "flash_attention(Tensor q, Tensor k, Tensor v, bool is_causal=False, \
+pub(crate) const FLASH_ATTENTION: OpSpec = OpSpec {
+    schema: "flash_attention(Tensor q, Tensor k, Tensor v, bool is_causal=False, \
              float? scale=None, int? window=None, float? softcap=None, Tensor? mask=None) \
              -> Tensor",
-    "FlashAttention: `softmax(q @ k^T * scale + mask) @ v` for q `[batch, heads, q_len, \
+    doc: "FlashAttention: `softmax(q @ k^T * scale + mask) @ v` for q `[batch, heads, q_len, \
           head_dim]` and k/v `[batch, kv_heads, kv_len, head_dim]` (GQA when kv_heads divides \
           heads; float32 or bfloat16; head_dim up to 256). `scale` defaults to \
           1/sqrt(head_dim); `is_causal` aligns the last query with the last key; `window` \
@@ -75,11 +59,14 @@ pub(crate) const FLASH_ATTENTION: OpSpec = forward_op(
           `softcap * tanh(s / softcap)`; `mask` (boolean: true where the query sees the key, \
           or additive float) broadcasts to `[batch, 1, q_len, kv_len]`, one for every head. \
           Differentiable in q, k and v.",
-    1,
-);
+    outputs: &[Out::like(0), LSE],
+    returns: 1,
+    splits: FORWARD_SPLITS,
+    plan: |values| forward(&mut Args::new(values)),
+};
 
 /// `torch.ops.tessera.flash_attention_fwd`.
-pub(crate) const FLASH_ATTENTION_FWD: OpSpec = forward_op(
+pub(crate) const FLASH_ATTENTION_FWD: OpSpec = FLASH_ATTENTION.variant(
     "flash_attention_fwd(Tensor q, Tensor k, Tensor v, bool is_causal, float scale, \
              int? window=None, float? softcap=None, Tensor? mask=None) -> (Tensor, Tensor)",
     "flash_attention's forward for autograd: the output and its float32 log-sum-exp \

@@ -21,37 +21,24 @@ const SPLITS: &[Split] = &[Split {
 /// The log-sum-exp `[heads, total_q, 1]`.
 const LSE: Out = Out::lse(&[Dim::Of(0, 0), Dim::Of(0, 1), Dim::One]);
 
-/// The forward ops' outputs: the output and its log-sum-exp.
-const FORWARD_OUTPUTS: &[Out] = &[Out::like(0), LSE];
-
-/// A forward op: the public op (returning the output) or autograd's (output and
-/// log-sum-exp), one plan.
-const fn forward_op(schema: &'static str, doc: &'static str, returns: usize) -> OpSpec {
-    OpSpec {
-        schema,
-        doc,
-        outputs: FORWARD_OUTPUTS,
-        returns,
-        splits: SPLITS,
-        plan: |values| forward(&mut Args::new(values)),
-    }
-}
-
 /// `torch.ops.tessera.varlen_attention`.
-pub(crate) const VARLEN_ATTENTION: OpSpec = forward_op(
-    "varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, \
+pub(crate) const VARLEN_ATTENTION: OpSpec = OpSpec {
+    schema: "varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, \
              Tensor cu_seqlens_k, bool is_causal=False, float? scale=None) -> Tensor",
-    "Attention over packed sequences of different lengths: q `[heads, total_q, \
+    doc: "Attention over packed sequences of different lengths: q `[heads, total_q, \
           head_dim]`, k/v `[kv_heads, total_k, head_dim]` and int32 or int64 offsets \
           `cu_seqlens_q`/`cu_seqlens_k` of `(batch + 1,)` (checked before anything runs); \
           each sequence attends only to its own keys (`is_causal` aligns their ends). \
           float32 or bfloat16; `scale` defaults to 1/sqrt(head_dim). Differentiable in q, \
           k and v.",
-    1,
-);
+    outputs: &[Out::like(0), LSE],
+    returns: 1,
+    splits: SPLITS,
+    plan: |values| forward(&mut Args::new(values)),
+};
 
 /// `torch.ops.tessera.varlen_attention_fwd`.
-pub(crate) const VARLEN_ATTENTION_FWD: OpSpec = forward_op(
+pub(crate) const VARLEN_ATTENTION_FWD: OpSpec = VARLEN_ATTENTION.variant(
     "varlen_attention_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, \
              Tensor cu_seqlens_k, bool is_causal, float scale) -> (Tensor, Tensor)",
     "varlen_attention's forward for autograd: the output and its float32 log-sum-exp \
