@@ -94,17 +94,6 @@ fn values(names: &[&str], args: &[Arg]) -> Result<Vec<Value>, Error> {
         .collect()
 }
 
-/// The names of the arguments in `schema`, in order.
-fn arg_names(schema: &str) -> Vec<&str> {
-    let start = schema.find('(').map_or(0, |i| i + 1);
-    let end = schema.find(')').unwrap_or(start);
-    schema[start..end]
-        .split(',')
-        .filter_map(|a| a.split_whitespace().nth(1))
-        .map(|n| n.split('=').next().unwrap_or(n))
-        .collect()
-}
-
 /// The kernel's operand `o` of argument `t`: a score mask made additive float32 of the
 /// operand's shape; data as it is, seen with the operand's type.
 fn operand(t: &Tensor, o: &Operand) -> (Tensor, TensorType) {
@@ -133,7 +122,8 @@ fn call_op(
     backend: Backend,
 ) -> Result<(Vec<Tensor>, Backend), Error> {
     let spec = kernels::torch_op(name).ok_or_else(|| kernel_error(name, "not a library op"))?;
-    let values = values(&arg_names(spec.schema), args)?;
+    let names: Vec<&str> = spec.args().into_iter().map(|(_, name)| name).collect();
+    let values = values(&names, args)?;
     let plan = (spec.plan)(&values).map_err(Error::BadArgument)?;
     let results: Vec<Meta> = spec.outputs.iter().map(|o| o.eval(&values)).collect();
     let kind = |m: &Meta| match m.dtype.as_str() {

@@ -247,6 +247,23 @@ impl OpSpec {
     pub fn name(&self) -> &'static str {
         &self.schema[..self.schema.find('(').unwrap_or(0)]
     }
+
+    /// Its arguments as the schema declares them, in order: `(type, name)`, such as
+    /// `("float?", "scale")`.
+    pub fn args(&self) -> Vec<(&'static str, &'static str)> {
+        let schema = self.schema;
+        let start = schema.find('(').map_or(0, |i| i + 1);
+        let end = schema.find(')').unwrap_or(start);
+        schema[start..end]
+            .split(',')
+            .filter_map(|a| {
+                let mut words = a.split_whitespace();
+                let ty = words.next()?;
+                let name = words.next().unwrap_or("");
+                Some((ty, name.split('=').next().unwrap_or(name)))
+            })
+            .collect()
+    }
 }
 
 /// How an operand reaches the kernel.
@@ -584,30 +601,31 @@ pub fn f32_or_bf16(op: &str, q: &Tensor) -> Result<(), String> {
     Ok(())
 }
 
-/// The forward's output and log-sum-exp (`lse_shape`, float32) when the caller saved
-/// them (both or neither), checked against the query.
-pub fn saved_forward(
-    a: &mut Args,
-    q: &Tensor,
-    lse_shape: &[u64],
-) -> Result<Option<(Tensor, Tensor)>, String> {
+/// The operands of the forward's output and log-sum-exp (float32, `q`'s shape with a
+/// last dim of 1) when the caller saved them (both or neither), checked against the
+/// query; none when not saved.
+pub fn saved_forward(a: &mut Args, q: &Tensor) -> Result<Vec<Operand>, String> {
     let (out, lse) = match (a.optional("out")?, a.optional("lse")?) {
         (Some((o, _)), Some((l, _))) => (o, l),
-        (None, None) => return Ok(None),
+        (None, None) => return Ok(Vec::new()),
         _ => return Err("out/lse: pass both of the forward's results or neither".into()),
     };
     let out = out.same_dtype(q)?;
+    let mut lse_shape = q.shape.clone();
+    if let Some(last) = lse_shape.last_mut() {
+        *last = 1;
+    }
     if out.shape != q.shape || lse.shape != lse_shape || lse.dtype != DType::F32 {
         return Err(format!(
             "out/lse: expected the forward's {} output and float32 {} log-sum-exp, got {} and {} {}",
             py_shape(&q.shape),
-            py_shape(lse_shape),
+            py_shape(&lse_shape),
             py_shape(&out.shape),
             lse.torch_dtype,
             py_shape(&lse.shape)
         ));
     }
-    Ok(Some((out, lse)))
+    Ok(vec![out.operand(), lse.operand()])
 }
 
 /// The gradient of the output: `q`'s shape (taken in `q`'s dtype).

@@ -44,15 +44,13 @@ enum ArgType {
 /// not read) and its name.
 type SchemaArg = (Option<ArgType>, &'static str);
 
-/// The arguments of `schema`, in order.
-fn parse_args(schema: &'static str) -> Vec<SchemaArg> {
-    let start = schema.find('(').map_or(0, |i| i + 1);
-    let end = schema.find(')').unwrap_or(start);
-    schema[start..end]
-        .split(',')
-        .filter_map(|a| {
-            let mut words = a.split_whitespace();
-            let ty = match words.next()? {
+/// The arguments of `op` with the type the kernels read each as (`None` for a type they
+/// do not read).
+fn parse_args(op: &OpSpec) -> Vec<SchemaArg> {
+    op.args()
+        .into_iter()
+        .map(|(ty, name)| {
+            let ty = match ty {
                 "Tensor" => Some(ArgType::Tensor),
                 "float" => Some(ArgType::Float),
                 "bool" => Some(ArgType::Bool),
@@ -61,8 +59,7 @@ fn parse_args(schema: &'static str) -> Vec<SchemaArg> {
                 "int?" => Some(ArgType::OptionalInt),
                 _ => None,
             };
-            let name = words.next().unwrap_or("");
-            Some((ty, name.split('=').next().unwrap_or(name)))
+            (ty, name)
         })
         .collect()
 }
@@ -70,7 +67,7 @@ fn parse_args(schema: &'static str) -> Vec<SchemaArg> {
 /// The arguments of op `i`, parsed from its schema once.
 fn schema_args(i: usize) -> &'static [SchemaArg] {
     static ARGS: OnceLock<Vec<Vec<SchemaArg>>> = OnceLock::new();
-    &ARGS.get_or_init(|| ops().iter().map(|op| parse_args(op.schema)).collect())[i]
+    &ARGS.get_or_init(|| ops().iter().map(parse_args).collect())[i]
 }
 
 /// An argument read off the stack.

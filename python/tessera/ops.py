@@ -42,13 +42,25 @@ def python_error(e: RuntimeError) -> Exception:
     return error(message) if sep and error else e
 
 
-def schema_args(name: str, args: tuple, kwargs: dict) -> list:
-    """The arguments of a call of ``tessera::name`` in schema order, defaults filled in."""
-    schema = getattr(torch.ops.tessera, name).default._schema
-    named = {a.name: a.default_value for a in schema.arguments}
+#: Each op's arguments by name with their defaults, in schema order.
+_DEFAULTS = {
+    name: {a.name: a.default_value for a in getattr(torch.ops.tessera, name).default._schema.arguments}
+    for name in SPECS
+}
+
+
+def named_args(name: str, args, kwargs: dict) -> dict:
+    """The arguments of a call of ``tessera::name`` by name, in schema order, defaults
+    filled in."""
+    named = dict(_DEFAULTS[name])
     named.update(zip(named, args))
     named.update(kwargs)
-    return list(named.values())
+    return named
+
+
+def schema_args(name: str, args, kwargs: dict) -> list:
+    """The arguments of a call of ``tessera::name`` in schema order, defaults filled in."""
+    return list(named_args(name, args, kwargs).values())
 
 
 def _concrete(t: torch.Tensor) -> bool:

@@ -89,15 +89,12 @@ pub(crate) const FLASH_ATTENTION_BWD: OpSpec = OpSpec {
         let mut att = Attention::read(&mut a)?;
         let grad = grad_out(&mut a, &att.q)?;
         att.options(&mut a)?;
-        let lse_shape = [att.q.shape[0], att.q.shape[1], att.q.shape[2], 1];
-        let saved = saved_forward(&mut a, &att.q, &lse_shape)?;
+        let saved = saved_forward(&mut a, &att.q)?;
         att.window_and_softcap(&mut a)?;
         att.score_mask(&mut a)?;
         let mut inputs = vec![att.q.operand(), att.k.operand(), att.v.operand()];
         inputs.push(grad.operand());
-        if let Some((out, lse)) = saved {
-            inputs.extend([out.operand(), lse.operand()]);
-        }
+        inputs.extend(saved);
         inputs.extend(att.mask.clone());
         let outputs = [&att.q, &att.k, &att.v].map(|t| t.shape.clone()).to_vec();
         Ok(att.plan("flash_attention_bwd", inputs, outputs))

@@ -63,15 +63,10 @@ pub(crate) const VARLEN_ATTENTION_BWD: OpSpec = OpSpec {
             grad = Some(grad_out(a, q)?);
             Ok(())
         })?;
-        let lse_shape = [att.q.shape[0], att.q.shape[1], 1];
-        let saved = saved_forward(&mut a, &att.q, &lse_shape)?;
-        let extra: Vec<Operand> = grad.iter().map(Tensor::operand).collect();
-        let mut after = vec![];
-        if let Some((out, lse)) = saved {
-            after.extend([out.operand(), lse.operand()]);
-        }
+        let saved = saved_forward(&mut a, &att.q)?;
+        let grad: Vec<Operand> = grad.iter().map(Tensor::operand).collect();
         let outputs = [&att.q, &att.k, &att.v].map(|t| t.shape.clone()).to_vec();
-        Ok(att.plan("varlen_attention_bwd", extra, after, outputs))
+        Ok(att.plan("varlen_attention_bwd", grad, saved, outputs))
     },
 };
 

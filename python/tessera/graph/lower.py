@@ -87,7 +87,8 @@ def kernel_call(node: torch.fx.Node) -> KernelCall:
         params, ins, outs = library.call_params(node)
         return KernelCall(USER_OP, params, ins, outs, list(range(len(outs))))
     name = node.target._opname
-    args = list(_named_args(node, list(node.args)).values())
+    named = _named_args(node, list(node.args))
+    args = list(named.values())
     try:
         plan = ops.plan(name, [_val(a) if isinstance(a, torch.fx.Node) else a for a in args])
     except ValueError as e:
@@ -100,8 +101,7 @@ def kernel_call(node: torch.fx.Node) -> KernelCall:
     ins = [(operand[arg], list(shape)) for arg, shape, _, _ in plan["inputs"]]
     outs = [(list(shape), dtype) for shape, dtype in plan["outputs"]]
     spec = ops.SPECS[name]
-    names = [a.name for a in node.target._schema.arguments]
-    split = _split(spec, plan, names, [_val(a) for a in args])
+    split = _split(spec, plan, list(named), [_val(a) for a in args])
     return KernelCall(plan["kernel"], dict(plan["params"]), ins, outs, list(range(spec["returns"])), split)
 
 
@@ -172,10 +172,7 @@ def kernel_masks(gm: torch.fx.GraphModule):
 
 def _named_args(node: torch.fx.Node, args: list) -> dict:
     """Every argument of a Tessera op node by its schema name, defaults filled in."""
-    named = {a.name: a.default_value for a in node.target._schema.arguments}
-    named.update(zip(named, args))
-    named.update(node.kwargs)
-    return named
+    return ops.named_args(node.target._opname, args, node.kwargs)
 
 
 def lift_constants(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
