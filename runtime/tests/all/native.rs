@@ -375,7 +375,12 @@ fn print_child() {
 fn native_debug_prints_match_the_interpreter() {
     let lines = |backend: &str| {
         let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "print_child", "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                "native::print_child",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env("TESSERA_PRINT_CHILD", backend)
             .output()
             .unwrap();

@@ -1,9 +1,7 @@
 //! Every op of the IR (`kernel_ir::testing::op_zoo`), including those no library kernel
 //! uses, on the native and XLA backends against the interpreter.
 
-mod common;
-
-use common::compiled_backends;
+use crate::common::compiled_backends;
 use kernel_ir::testing::op_zoo;
 use kernel_ir::{interpret, InterpretOptions};
 use runtime::Backend;

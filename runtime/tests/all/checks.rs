@@ -2,9 +2,7 @@
 //! the message and the values, alike on the interpreter, the native backend and XLA
 //! (where checks are outputs read after the run); a check that holds changes nothing.
 
-mod common;
-
-use common::compiled_backends;
+use crate::common::compiled_backends;
 use kernel_ir::dsl::prelude::*;
 use kernel_ir::ops::CheckFailure;
 use kernel_ir::{Array, CheckKind, RunError};

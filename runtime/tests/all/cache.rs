@@ -160,7 +160,12 @@ fn slow_writer_child() {
 fn a_killed_writer_leaves_no_entry() {
     let dir = tempfile::tempdir().unwrap();
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "slow_writer_child", "--ignored", "--nocapture"])
+        .args([
+            "--exact",
+            "cache::slow_writer_child",
+            "--ignored",
+            "--nocapture",
+        ])
         .env("TESSERA_TEST_CACHE_DIR", dir.path())
         .env("TESSERA_CACHE_WRITE_DELAY_MS", "20000")
         .stdout(std::process::Stdio::null())

@@ -1,4 +1,4 @@
-//! What several runtime test binaries share.
+//! What several of the runtime's test modules share.
 
 use runtime::Backend;
 
