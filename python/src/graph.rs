@@ -185,11 +185,34 @@ fn run_custom_call(call: &runtime::custom_call::OpCall) -> Result<(), String> {
 }
 
 /// Adds graph mode's functions and installs the custom-call runner.
+/// The kernel choice stored for graph `key` on this machine (`None`: none stored, or no
+/// cache directory). A corrupt entry is dropped: `ValueError` says which and why.
+#[pyfunction]
+fn stored_graph_choice(key: &str) -> PyResult<Option<String>> {
+    let Some(choices) = runtime::tune::GraphChoices::default_choices() else {
+        return Ok(None);
+    };
+    choices.get(key).map_err(PyValueError::new_err)
+}
+
+/// Stores the kernel choice `choice` for graph `key`; returns the file (`OSError` when
+/// the cache directory is not writable, `None` when there is none).
+#[pyfunction]
+fn store_graph_choice(key: &str, choice: &str) -> PyResult<Option<String>> {
+    let Some(choices) = runtime::tune::GraphChoices::default_choices() else {
+        return Ok(None);
+    };
+    let path = choices.put(key, choice)?;
+    Ok(Some(path.display().to_string()))
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     runtime::custom_call::set_op_runner(Box::new(run_custom_call));
     m.add_class::<GraphExecutable>()?;
     m.add_function(wrap_pyfunction!(graph_compile, m)?)?;
     m.add_function(wrap_pyfunction!(custom_calls_unavailable, m)?)?;
     m.add_function(wrap_pyfunction!(tpu_custom_call_config, m)?)?;
+    m.add_function(wrap_pyfunction!(stored_graph_choice, m)?)?;
+    m.add_function(wrap_pyfunction!(store_graph_choice, m)?)?;
     Ok(())
 }

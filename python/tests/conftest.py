@@ -1,6 +1,13 @@
 """Fixtures every test module may take by name."""
 
+import os
+
 import pytest
+
+# The tests check which kernels graph mode substitutes, so they take every kernel rather
+# than the default "auto" (what this machine's timings favour); the tests of "auto" ask
+# for it. Processes the tests start inherit it.
+os.environ["TESSERA_GRAPH_KERNELS"] = "all"
 
 
 @pytest.fixture

@@ -51,8 +51,17 @@ def _check_graph_mode(scope, text):
     model, ids = scope["model"], scope["ids"]
     with torch.no_grad():
         torch.testing.assert_close(scope["logits"], model(ids), rtol=1e-4, atol=1e-4)
-    claimed = re.search(r"'kernels': (\{[^}]*\})", text).group(1)
-    assert scope["stats"]["kernels"] == ast.literal_eval(claimed)
+    # The default ("auto") took the kernels it measured as winners, and says so.
+    stats = scope["stats"]
+    (choice,) = stats["choices"].values()
+    assert choice["how"] == "measured" and set(choice["ms"]) == {"none", "+flash_attention", "+rms_norm", "+swiglu"}
+    assert set(stats["kernels"]) == set(choice["kernels"]), stats
+    # kernels="all" takes the kernels the comment lists.
+    tessera.reset_graph_stats()
+    with torch.no_grad():
+        torch.testing.assert_close(scope["every"](ids), model(ids), rtol=1e-4, atol=1e-4)
+    claimed = re.search(r"# (\{'flash_attention'[^}]*\})", text).group(1)
+    assert tessera.graph_stats()["kernels"] == ast.literal_eval(claimed)
 
 
 def _check_hf(scope, text):
@@ -73,11 +82,14 @@ CONTEXTS = {
 
 
 @pytest.mark.parametrize("place,text", python_snippets(), ids=lambda v: v if ":" in v else "")
-def test_the_snippet_runs_and_its_claims_hold(place, text):
+def test_the_snippet_runs_and_its_claims_hold(place, text, monkeypatch, tmp_path):
     key = next((k for k in CONTEXTS if k in text), None)
     assert key is not None, f"{place}: a Python snippet with no context in {__file__}"
     make_scope, check = CONTEXTS[key]
     scope = make_scope()
+    if check is _check_graph_mode:  # the snippet shows the default kernel choice
+        monkeypatch.setenv("TESSERA_GRAPH_KERNELS", "auto")
+        monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
     torch._dynamo.reset()
     tessera.reset_graph_stats()
     # The graph-mode snippet shows graph_stats() as an expression: keep its value.

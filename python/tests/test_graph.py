@@ -119,8 +119,88 @@ def test_the_kernels_option_chooses_what_is_substituted():
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         assert set(tessera.graph_stats()["kernels"]) == taken, kernels
     torch._dynamo.reset()
-    with pytest.raises(Exception, match="kernels \\['gelu'\\]: expected 'all', 'none' or some of"):
+    with pytest.raises(Exception, match="kernels \\['gelu'\\]: expected 'auto', 'all', 'none' or some of"):
         torch.compile(block, backend="tessera", options={"kernels": ["gelu"]})(x)
+
+
+class _Block(nn.Module):
+    """RMSNorm, causal attention and SwiGLU: three kernel families for ``kernels="auto"``."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.RMSNorm(32)
+
+    def forward(self, x):
+        h = self.norm(x)
+        q = h.view(2, 8, 4, 8).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, q, q, is_causal=True).transpose(1, 2).reshape(2, 8, 32)
+        return F.silu(a) * h
+
+
+def _auto(block, x):
+    torch._dynamo.reset()
+    tessera.reset_graph_stats()
+    got = torch.compile(block, backend="tessera", options={"kernels": "auto"})(x)
+    torch.testing.assert_close(got, block(x), rtol=1e-5, atol=1e-5)
+    stats = tessera.graph_stats()
+    (choice,) = stats["choices"].values()
+    return choice, stats["kernels"]
+
+
+def test_auto_keeps_the_kernels_that_win_their_race_and_stores_the_choice(monkeypatch, tmp_path):
+    from tessera.graph import choose
+
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    # Attention wins, RMSNorm ties (within the margin), SwiGLU wins over attention alone.
+    races = iter([[1.0, 0.5], [0.5, 0.5], [0.5, 0.4]])
+    monkeypatch.setattr(choose, "_race", lambda runs, inputs: next(races))
+    block, x = _Block(), torch.randn(2, 8, 32)
+    choice, kernels = _auto(block, x)
+    assert choice == {
+        "kernels": ["flash_attention", "swiglu"],
+        "how": "measured",
+        "ms": {"none": 1.0, "+flash_attention": 0.5, "+rms_norm": 0.5, "+swiglu": 0.4},
+    }, choice
+    assert set(kernels) == {"flash_attention", "swiglu"}, kernels
+
+    # A later compile (another process) reads the choice instead of racing again.
+    monkeypatch.setattr(choose, "_race", lambda runs, inputs: pytest.fail("raced again"))
+    choice, kernels = _auto(block, x)
+    assert (choice["how"], choice["kernels"]) == ("stored", ["flash_attention", "swiglu"])
+    assert set(kernels) == {"flash_attention", "swiglu"}, kernels
+
+    # A corrupt entry is dropped with a warning naming it, and the graph is measured again.
+    (entry,) = (tmp_path / "graph-choices").iterdir()
+    entry.write_bytes(entry.read_bytes()[:-3])
+    races = iter([[1.0, 2.0]] * 3)
+    monkeypatch.setattr(choose, "_race", lambda runs, inputs: next(races))
+    with pytest.warns(UserWarning, match="dropped .*graph-choices.*graph-"):
+        choice, kernels = _auto(block, x)
+    assert (choice["how"], choice["kernels"], kernels) == ("measured", [], {})
+
+
+def test_auto_measures_real_timings_and_takes_what_it_chose(monkeypatch, tmp_path):
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    choice, kernels = _auto(_Block(), torch.randn(2, 8, 32))
+    assert choice["how"] == "measured" and set(choice["ms"]) == {"none", "+flash_attention", "+rms_norm", "+swiglu"}
+    assert all(ms > 0 for ms in choice["ms"].values()), choice
+    assert set(kernels) == set(choice["kernels"]), (kernels, choice)
+
+
+def test_auto_takes_every_kernel_of_a_graph_that_writes_in_place(monkeypatch, tmp_path):
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+
+    def f(x, cache):
+        cache.add_(1)
+        return torch.softmax(x, -1)
+
+    torch._dynamo.reset()
+    x, cache = torch.randn(4, 16), torch.zeros(3)
+    got = torch.compile(f, backend="tessera", options={"kernels": "auto"})(x, cache)
+    torch.testing.assert_close(got, torch.softmax(x, -1))
+    assert cache.tolist() == [1.0, 1.0, 1.0]
+    (choice,) = tessera.graph_stats()["choices"].values()
+    assert choice["kernels"] == ["softmax"] and choice["how"].startswith("not measured (the graph writes in place")
 
 
 def test_mingpt_trains_like_eager():

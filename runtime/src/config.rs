@@ -59,8 +59,8 @@ variables! {
         "Python: `0` keeps the ops' autograd kernels (and user ops' CPU kernels) in Python.";
     GraphCompiler => "TESSERA_GRAPH_COMPILER", "inductor",
         "Python graph mode: the compiler after substitution, inductor or xla (`options={'compiler': ...}` wins).";
-    GraphKernels => "TESSERA_GRAPH_KERNELS", "all",
-        "Python graph mode: the kernels substituted, `all`, `none` or a list such as `flash_attention,rms_norm` (`options={'kernels': ...}` wins).";
+    GraphKernels => "TESSERA_GRAPH_KERNELS", "auto",
+        "Python graph mode: the kernels substituted, `auto` (on the Inductor path, those that make the graph faster, measured once per graph and kept in the cache directory; on the XLA path, all), `all`, `none` or a list such as `flash_attention,rms_norm` (`options={'kernels': ...}` wins).";
     GraphShapes => "TESSERA_GRAPH_SHAPES", "8",
         "Python graph mode, XLA path: shapes compiled per dynamic graph before it falls back to eager.";
     GraphStrict => "TESSERA_GRAPH_STRICT", "0",

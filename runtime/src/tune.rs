@@ -405,6 +405,65 @@ pub fn stored_config(
     Some(lookup(kernel, problem, target)?.config)
 }
 
+/// Graph mode's measured choices: which kernels a graph substitutes, kept per graph
+/// (its code and input types), machine and Tessera version under `graph-choices/` of
+/// the cache directory, in the entries' format (a corrupt, truncated or foreign entry
+/// is dropped and reported, and the graph is measured again).
+#[derive(Clone, Debug)]
+pub struct GraphChoices {
+    dir: PathBuf,
+}
+
+impl GraphChoices {
+    /// The choices under `dir`.
+    pub fn at(dir: impl Into<PathBuf>) -> GraphChoices {
+        GraphChoices { dir: dir.into() }
+    }
+
+    /// `graph-choices/` under the cache directory, if there is one.
+    pub fn default_choices() -> Option<GraphChoices> {
+        cache::default_dir().map(|d| GraphChoices::at(d.join("graph-choices")))
+    }
+
+    fn digest(graph: &str) -> [u8; 32] {
+        let mut h = Sha256::new();
+        for part in [graph, cpu(), env!("CARGO_PKG_VERSION")] {
+            h.update(part.as_bytes());
+            h.update([0]);
+        }
+        h.finalize().into()
+    }
+
+    fn path(&self, digest: &[u8; 32]) -> PathBuf {
+        self.dir
+            .join(format!("graph-{}.bin", cache::hex(&digest[..8])))
+    }
+
+    /// The choice stored for `graph` on this machine, if any. A corrupt entry is removed
+    /// and reported as `Err(reason)`.
+    pub fn get(&self, graph: &str) -> Result<Option<String>, String> {
+        let digest = Self::digest(graph);
+        let path = self.path(&digest);
+        let read = cache::read_entry(&path, &digest).and_then(|payload| {
+            payload
+                .map(|p| String::from_utf8(p).map_err(|_| "not UTF-8".to_string()))
+                .transpose()
+        });
+        read.map_err(|reason| {
+            let _ = fs::remove_file(&path);
+            format!("dropped {}: {reason}", path.display())
+        })
+    }
+
+    /// Stores `choice` for `graph` (replacing an older one); returns the file.
+    pub fn put(&self, graph: &str, choice: &str) -> std::io::Result<PathBuf> {
+        let digest = Self::digest(graph);
+        let path = self.path(&digest);
+        cache::write_entry(&path, &digest, choice.as_bytes())?;
+        Ok(path)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -423,6 +482,32 @@ mod tests {
             default_ms: 0.5,
             tried: 7,
         }
+    }
+
+    #[test]
+    fn graph_choices_round_trip_and_drop_corrupt_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let choices = GraphChoices::at(dir.path());
+        assert_eq!(choices.get("graph a").unwrap(), None);
+        let path = choices
+            .put("graph a", r#"{"kernels": ["rms_norm"]}"#)
+            .unwrap();
+        assert_eq!(
+            choices.get("graph a").unwrap().as_deref(),
+            Some(r#"{"kernels": ["rms_norm"]}"#)
+        );
+        assert_eq!(choices.get("graph b").unwrap(), None);
+        let mut bytes = fs::read(&path).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        fs::write(&path, bytes).unwrap();
+        let err = choices.get("graph a").unwrap_err();
+        assert!(
+            err.starts_with("dropped ") && err.contains("graph-"),
+            "{err}"
+        );
+        assert!(!path.exists());
+        assert_eq!(choices.get("graph a").unwrap(), None);
     }
 
     #[test]

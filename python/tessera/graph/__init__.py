@@ -1,7 +1,8 @@
 """Graph mode: ``torch.compile(model, backend="tessera")``.
 
 After substitution the graph goes to Inductor (the default on CPU: Tessera's ops are its
-extern kernels, the rest Inductor's generated code and caches) or, with
+extern kernels, the rest Inductor's generated code and caches; by default a kernel
+family is substituted only where it makes the graph faster, see ``choose``) or, with
 ``options={"compiler": "xla"}`` (or ``TESSERA_GRAPH_COMPILER=xla``), down the XLA path
 below, which TPU export shares.
 
@@ -33,7 +34,7 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from .. import _tessera, config, library
 from ..trace import record_fallback
-from . import decompositions, lower, patterns
+from . import choose, decompositions, lower, patterns
 from .lower import LoweringError
 
 __all__ = ["GraphModeError", "explain_graph", "export", "graph_stats", "reset_graph_stats", "tessera_backend"]
@@ -50,6 +51,7 @@ def _empty_stats() -> dict:
         "kernels": {},
         "fallbacks": {},
         "shapes": {},
+        "choices": {},
         "inductor_cache": {counter: 0 for counter in _INDUCTOR_COUNTERS.values()},
     }
 
@@ -72,7 +74,9 @@ def graph_stats() -> dict:
     ``inductor_cache`` (the Inductor path's FX graph cache hits and misses), ``kernels``
     (``{kernel: calls in compiled graphs}``), ``fallbacks`` (``{op or pattern:
     reason}``), ``shapes`` (``{graph: shapes compiled}`` for graphs with
-    dynamic shapes, ``"dynamic"`` when Inductor compiled it once for all)."""
+    dynamic shapes, ``"dynamic"`` when Inductor compiled it once for all), ``choices``
+    (``{graph: {"kernels", "how", "ms"}}``: the kernels ``kernels="auto"`` chose for each
+    graph, how, and the median milliseconds of each candidate)."""
     return copy.deepcopy(_stats)
 
 
@@ -319,12 +323,13 @@ class Options:
 
     compiler: str  # after substitution: "inductor" or "xla"
     kernels: frozenset  # the kernels graph mode may substitute
+    auto: bool = False  # substitute only those that make the graph faster (measured)
 
 
 def _options(options) -> Options:
     """The backend's options: ``options`` of ``torch.compile``, else the
     ``TESSERA_GRAPH_COMPILER`` and ``TESSERA_GRAPH_KERNELS`` variables, else Inductor and
-    every kernel."""
+    ``"auto"`` (the kernels that make the graph faster; on the XLA path, every kernel)."""
     options = dict(options or {})
     unknown = set(options) - {"compiler", "kernels"}
     if unknown:
@@ -332,13 +337,17 @@ def _options(options) -> Options:
     name = options.get("compiler") or config.get("TESSERA_GRAPH_COMPILER", "inductor")
     if name not in COMPILERS:
         raise GraphModeError(f"compiler {name!r}: expected one of {', '.join(COMPILERS)}")
-    kernels = options.get("kernels", config.get("TESSERA_GRAPH_KERNELS", "all"))
+    kernels = options.get("kernels", config.get("TESSERA_GRAPH_KERNELS", "auto"))
+    if kernels == "auto":
+        return Options(name, patterns.KERNELS, auto=name == "inductor")
     if isinstance(kernels, str):
         kernels = {"all": patterns.KERNELS, "none": ()}.get(kernels, [k for k in kernels.split(",") if k])
     kernels = frozenset(kernels)
     if kernels - patterns.KERNELS:
         known = ", ".join(sorted(patterns.KERNELS))
-        raise GraphModeError(f"kernels {sorted(kernels - patterns.KERNELS)}: expected 'all', 'none' or some of {known}")
+        raise GraphModeError(
+            f"kernels {sorted(kernels - patterns.KERNELS)}: expected 'auto', 'all', 'none' or some of {known}"
+        )
     return Options(name, kernels)
 
 
@@ -454,6 +463,8 @@ class _PerShape:
             _bake(gm.graph, node, a)
         gm.recompile()
         tensors = [a for a, k in zip(args, keep) if k]
+        if self.chosen.auto:  # measured once, on the first shape, for every shape
+            self.chosen = _choose(gm, tensors, name, self.chosen)
         try:
             FakeTensorProp(gm, FakeTensorMode(allow_non_fake_inputs=True)).propagate(*tensors)
         except Exception as e:  # noqa: BLE001 - the graph still runs eagerly
@@ -479,6 +490,8 @@ def _substitute_and_compile(gm: torch.fx.GraphModule, example_inputs, name: str,
     AOTAutograd with :func:`_compile` (XLA) as the forward and backward compilers."""
     from torch._dynamo.backends.common import aot_autograd
 
+    if chosen.auto:
+        chosen = _choose(gm, example_inputs, name, chosen)
     _dump(f"{name}.fx_before.py", gm.code)
     report = patterns.substitute(gm, _constant_evaluator(gm, example_inputs), chosen.kernels)
     _dump(f"{name}.fx_after.py", gm.code)
@@ -500,6 +513,32 @@ def _substitute_and_compile(gm: torch.fx.GraphModule, example_inputs, name: str,
     return aot_autograd(fw_compiler=xla("forward"), bw_compiler=xla("backward"), decompositions=decompositions.table())(
         gm, example_inputs
     )
+
+
+def _choose(gm: torch.fx.GraphModule, example_inputs, name: str, chosen: Options) -> Options:
+    """``chosen`` with the kernels that make ``gm`` faster under Inductor
+    (:func:`choose.choose`), recorded in ``graph_stats()["choices"]``; every kernel if
+    measuring fails."""
+    from torch._inductor.compile_fx import compile_fx
+
+    def substituted(kernels):
+        work = _copy(gm)
+        return patterns.substitute(work, _constant_evaluator(work, example_inputs), kernels).substituted
+
+    def compile_with(kernels):
+        work = _copy(gm)
+        patterns.substitute(work, _constant_evaluator(work, example_inputs), kernels)
+        with torch._functorch.config.patch(enable_autograd_cache=False):
+            return compile_fx(work, example_inputs)
+
+    try:
+        present = choose.families(gm, substituted)
+        choice = choose.choose(gm, example_inputs, present, compile_with, lambda m: _debug(f"{name}: {m}"))
+    except Exception as e:  # noqa: BLE001 - the graph is still compiled, with every kernel
+        choice = choose.Choice(chosen.kernels, f"not measured ({_cause(e)}): every kernel taken")
+    _stats["choices"][name] = choice.record()
+    _debug(f"{name}: kernels {sorted(choice.kernels) or 'none'} ({choice.how})")
+    return Options(chosen.compiler, choice.kernels)
 
 
 def _inductor(gm: torch.fx.GraphModule, example_inputs, name: str, report):
