@@ -151,15 +151,21 @@ def test_auto_keeps_the_kernels_that_win_their_race_and_stores_the_choice(monkey
     from tessera.graph import choose
 
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
-    # Attention wins, RMSNorm ties (within the margin), SwiGLU wins over attention alone.
-    races = iter([[1.0, 0.5], [0.5, 0.5], [0.5, 0.4]])
+    # Attention wins, RMSNorm ties (within the margin), SwiGLU wins over attention alone,
+    # and the two win the confirming race against no kernels.
+    races = iter([[1.0, 0.5], [0.5, 0.5], [0.5, 0.4], [1.0, 0.4]])
     monkeypatch.setattr(choose, "_race", lambda runs, inputs: next(races))
     block, x = _Block(), torch.randn(2, 8, 32)
     choice, kernels = _auto(block, x)
     assert choice == {
         "kernels": ["flash_attention", "swiglu"],
         "how": "measured",
-        "ms": {"none": 1.0, "+flash_attention": 0.5, "+rms_norm": 0.5, "+swiglu": 0.4},
+        "ms": {
+            "+flash_attention": [1.0, 0.5],
+            "+rms_norm": [0.5, 0.5],
+            "+swiglu": [0.5, 0.4],
+            "confirm": [1.0, 0.4],
+        },
     }, choice
     assert set(kernels) == {"flash_attention", "swiglu"}, kernels
 
@@ -169,38 +175,67 @@ def test_auto_keeps_the_kernels_that_win_their_race_and_stores_the_choice(monkey
     assert (choice["how"], choice["kernels"]) == ("stored", ["flash_attention", "swiglu"])
     assert set(kernels) == {"flash_attention", "swiglu"}, kernels
 
-    # A corrupt entry is dropped with a warning naming it, and the graph is measured again.
+    # A corrupt entry is dropped with a warning naming it, and the graph is measured
+    # again: this time attention's win is not confirmed, so nothing is taken.
     (entry,) = (tmp_path / "graph-choices").iterdir()
     entry.write_bytes(entry.read_bytes()[:-3])
-    races = iter([[1.0, 2.0]] * 3)
+    races = iter([[1.0, 0.5], [0.5, 0.6], [0.5, 0.6], [1.0, 0.99]])
     monkeypatch.setattr(choose, "_race", lambda runs, inputs: next(races))
     with pytest.warns(UserWarning, match="dropped .*graph-choices.*graph-"):
         choice, kernels = _auto(block, x)
-    assert (choice["how"], choice["kernels"], kernels) == ("measured", [], {})
+    assert (choice["how"], choice["kernels"], kernels) == ("measured", [], {}), choice
+    assert choice["ms"]["confirm"] == [1.0, 0.99]
 
 
 def test_auto_measures_real_timings_and_takes_what_it_chose(monkeypatch, tmp_path):
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
     choice, kernels = _auto(_Block(), torch.randn(2, 8, 32))
-    assert choice["how"] == "measured" and set(choice["ms"]) == {"none", "+flash_attention", "+rms_norm", "+swiglu"}
-    assert all(ms > 0 for ms in choice["ms"].values()), choice
+    assert choice["how"] == "measured", choice
+    assert (
+        {"+flash_attention", "+rms_norm", "+swiglu"}
+        <= set(choice["ms"])
+        <= {
+            "+flash_attention",
+            "+rms_norm",
+            "+swiglu",
+            "confirm",
+        }
+    )
+    assert all(ms > 0 for pair in choice["ms"].values() for ms in pair), choice
     assert set(kernels) == set(choice["kernels"]), (kernels, choice)
 
 
-def test_auto_takes_every_kernel_of_a_graph_that_writes_in_place(monkeypatch, tmp_path):
+def test_auto_does_not_run_again_a_graph_that_writes_its_inputs(monkeypatch, tmp_path):
+    from tessera.graph import choose
+
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
 
-    def f(x, cache):
-        cache.add_(1)
+    def writes_its_input(x, cache):
+        cache[:, :2].add_(1)
         return torch.softmax(x, -1)
 
     torch._dynamo.reset()
-    x, cache = torch.randn(4, 16), torch.zeros(3)
-    got = torch.compile(f, backend="tessera", options={"kernels": "auto"})(x, cache)
+    x, cache = torch.randn(4, 16), torch.zeros(3, 4)
+    got = torch.compile(writes_its_input, backend="tessera", options={"kernels": "auto"})(x, cache)
     torch.testing.assert_close(got, torch.softmax(x, -1))
-    assert cache.tolist() == [1.0, 1.0, 1.0]
+    assert cache.sum().item() == 6.0  # written once: the graph was not run again
     (choice,) = tessera.graph_stats()["choices"].values()
-    assert choice["kernels"] == ["softmax"] and choice["how"].startswith("not measured (the graph writes in place")
+    assert choice["kernels"] == ["softmax"], choice
+    assert choice["how"].startswith("not measured (the graph writes into its input"), choice
+
+    # Writing into its own intermediate values is no reason not to measure.
+    def writes_its_own(x):
+        h = x * 2
+        h.add_(1)
+        return torch.softmax(h, -1)
+
+    monkeypatch.setattr(choose, "_race", lambda runs, inputs: [1.0, 0.5])
+    torch._dynamo.reset()
+    tessera.reset_graph_stats()
+    got = torch.compile(writes_its_own, backend="tessera", options={"kernels": "auto"})(x)
+    torch.testing.assert_close(got, writes_its_own(x))
+    (choice,) = tessera.graph_stats()["choices"].values()
+    assert (choice["how"], choice["kernels"]) == ("measured", ["softmax"]), choice
 
 
 def test_mingpt_trains_like_eager():

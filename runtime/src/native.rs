@@ -7,7 +7,6 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once, OnceLock};
 use std::time::Instant;
 
@@ -176,6 +175,7 @@ mod chain;
 mod crew;
 mod layout;
 mod pool;
+mod schedule;
 
 pub use chain::ChainRun;
 pub use layout::NativeArray;
@@ -824,27 +824,6 @@ fn workers(module: &CpuModule) -> usize {
     pool::threads().min(module.parallel_programs.max(1) as usize)
 }
 
-/// The next programs `lo..hi` of `programs` for a worker to run, taken from the shared
-/// counter `next`; `None` when all are taken. Workers take them in order, each as soon as
-/// it is free, in ranges of an eighth of what is left per worker (at least one): long
-/// ranges while much is left (few trips to the shared counter), single programs at the
-/// end, so programs of uneven cost (varlen attention's tiles, causal attention's rows of
-/// blocks) still finish together, and a worker that starts late or is preempted takes
-/// fewer.
-fn grab(next: &AtomicU64, programs: u64, workers: u64) -> Option<(u64, u64)> {
-    let mut lo = next.load(Ordering::Relaxed);
-    loop {
-        if lo >= programs {
-            return None;
-        }
-        let hi = lo + ((programs - lo) / (8 * workers)).max(1);
-        match next.compare_exchange_weak(lo, hi, Ordering::Relaxed, Ordering::Relaxed) {
-            Ok(_) => return Some((lo, hi)),
-            Err(now) => lo = now,
-        }
-    }
-}
-
 /// Runs the programs on all cores on caller storage (row-major, elements of the kernel's
 /// I/O types in the native layout: [`element_bytes`]), through padded copies where an array is not a whole number
 /// of blocks. A dynamic index that left its block is reported as an error (the access
@@ -975,9 +954,9 @@ unsafe fn execute_raw(
         let mut all = Some((0, programs));
         run_ranges(&mut || all.take());
     } else {
-        let next = AtomicU64::new(0);
-        pool::run_shares(workers, &|_| {
-            run_ranges(&mut || grab(&next, programs, workers as u64));
+        let schedule = schedule::Schedule::new(programs, workers as u64);
+        pool::run_shares(workers, &|w| {
+            run_ranges(&mut || schedule.next(w));
         });
     }
     for (i, user, small, big, small_len) in unpad {
@@ -1004,8 +983,7 @@ unsafe fn execute_raw(
 
 #[cfg(test)]
 mod tests {
-    use super::{buffers, grab, pad_rows, unpad_in_place, unpad_rows};
-    use std::sync::atomic::{AtomicU64, Ordering};
+    use super::{buffers, pad_rows, unpad_in_place, unpad_rows};
 
     /// A `[2, 3]` array padded to `[4, 5]` (every element of the padded copy written,
     /// whatever it held) and cut back, through a copy and in place; and padding along
@@ -1062,39 +1040,5 @@ mod tests {
             "not a power of two"
         );
         buffers::free(std::ptr::null_mut());
-    }
-
-    #[test]
-    fn workers_take_every_program_once_in_shrinking_ranges() {
-        for workers in 1..=4u64 {
-            for programs in [0u64, 1, 2, 7, 64, 1000] {
-                let next = AtomicU64::new(0);
-                let seen: Vec<AtomicU64> = (0..programs).map(|_| AtomicU64::new(0)).collect();
-                std::thread::scope(|s| {
-                    for _ in 0..workers {
-                        s.spawn(|| {
-                            while let Some((lo, hi)) = grab(&next, programs, workers) {
-                                assert!(lo < hi && hi <= programs, "{lo}..{hi} of {programs}");
-                                (lo..hi).for_each(|p| {
-                                    seen[p as usize].fetch_add(1, Ordering::Relaxed);
-                                });
-                            }
-                        });
-                    }
-                });
-                assert!(
-                    seen.iter().all(|n| n.load(Ordering::Relaxed) == 1),
-                    "{workers} workers, {programs} programs"
-                );
-            }
-        }
-        // Ranges shrink (an eighth of what is left per worker) down to single programs.
-        let next = AtomicU64::new(0);
-        let ranges: Vec<_> = std::iter::from_fn(|| grab(&next, 100, 2)).collect();
-        assert_eq!(ranges[0], (0, 6));
-        assert!(ranges
-            .windows(2)
-            .all(|w| w[1].1 - w[1].0 <= w[0].1 - w[0].0));
-        assert!(ranges.iter().rev().take(15).all(|(lo, hi)| hi - lo == 1));
     }
 }

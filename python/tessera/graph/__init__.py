@@ -76,7 +76,8 @@ def graph_stats() -> dict:
     reason}``), ``shapes`` (``{graph: shapes compiled}`` for graphs with
     dynamic shapes, ``"dynamic"`` when Inductor compiled it once for all), ``choices``
     (``{graph: {"kernels", "how", "ms"}}``: the kernels ``kernels="auto"`` chose for each
-    graph, how, and the median milliseconds of each candidate)."""
+    graph, how, and each race's median milliseconds without and with the kernels it
+    tried: ``"+family"`` added to those taken before, ``"confirm"`` all taken against none)."""
     return copy.deepcopy(_stats)
 
 
