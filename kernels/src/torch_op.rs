@@ -9,22 +9,48 @@
 
 use kernel_ir::DType;
 
-/// PyTorch's dtype names and the Tessera dtype of each (the one table of them).
-const DTYPES: &[(&str, Option<DType>)] = &[
-    ("torch.float32", Some(DType::F32)),
-    ("torch.bfloat16", Some(DType::BF16)),
-    ("torch.float16", Some(DType::F16)),
-    ("torch.int32", Some(DType::I32)),
-    ("torch.bool", Some(DType::Bool)),
-    ("torch.int64", None),
+/// One of PyTorch's dtypes as Tessera sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TorchDType {
+    /// PyTorch's name (`torch.float32`).
+    pub torch: &'static str,
+    /// The dtype Tessera's kernels take it as, if they do.
+    pub kernel: Option<DType>,
+    /// The runtime's element name for it (what XLA buffers and graph mode's runner
+    /// carry: `runtime::pjrt::Element`).
+    pub element: &'static str,
+}
+
+const fn row(torch: &'static str, kernel: Option<DType>, element: &'static str) -> TorchDType {
+    TorchDType {
+        torch,
+        kernel,
+        element,
+    }
+}
+
+/// PyTorch's dtypes Tessera takes: the one table of them (the extension, the fake
+/// kernels, user op libraries and graph mode read it; `torch.int64` index tensors are
+/// taken by kernels as int32, range-checked, where an op says so).
+pub const DTYPES: &[TorchDType] = &[
+    row("torch.float32", Some(DType::F32), "f32"),
+    row("torch.bfloat16", Some(DType::BF16), "bf16"),
+    row("torch.float16", Some(DType::F16), "f16"),
+    row("torch.int32", Some(DType::I32), "i32"),
+    row("torch.bool", Some(DType::Bool), "bool"),
+    row("torch.int64", None, "i64"),
+    row("torch.float64", None, "f64"),
+    row("torch.int16", None, "i16"),
+    row("torch.int8", None, "i8"),
+    row("torch.uint8", None, "u8"),
 ];
 
 /// The Tessera dtype of PyTorch's dtype `name` (`torch.float32` -> f32), if it has one.
 pub fn tessera_dtype(name: &str) -> Option<DType> {
     DTYPES
         .iter()
-        .find(|(n, _)| *n == name)
-        .and_then(|(_, d)| *d)
+        .find(|d| d.torch == name)
+        .and_then(|d| d.kernel)
 }
 
 /// A tensor argument as the checks see it.
@@ -657,13 +683,16 @@ mod tests {
     }
 
     #[test]
-    fn the_dtype_table_names_each_tessera_dtype_once() {
-        for (name, dtype) in DTYPES {
-            assert_eq!(tessera_dtype(name), *dtype);
-            let same = DTYPES.iter().filter(|(_, d)| d.is_some() && d == dtype);
-            assert!(dtype.is_none() || same.count() == 1, "{name}");
+    fn the_dtype_table_names_each_dtype_once() {
+        for d in DTYPES {
+            assert_eq!(tessera_dtype(d.torch), d.kernel);
+            let same = |f: &dyn Fn(&TorchDType) -> bool| DTYPES.iter().filter(|r| f(r)).count();
+            assert_eq!(same(&|r| r.torch == d.torch), 1, "{}", d.torch);
+            assert_eq!(same(&|r| r.element == d.element), 1, "{}", d.element);
+            assert!(d.kernel.is_none() || same(&|r| r.kernel == d.kernel) == 1);
         }
         assert_eq!(tessera_dtype("torch.float64"), None);
+        assert_eq!(tessera_dtype("torch.complex64"), None);
     }
 
     #[test]

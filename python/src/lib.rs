@@ -753,6 +753,7 @@ fn _tessera(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(describe_config, m)?)?;
     m.add_function(wrap_pyfunction!(op_schemas, m)?)?;
     m.add_function(wrap_pyfunction!(op_specs::op_specs, m)?)?;
+    m.add_function(wrap_pyfunction!(op_specs::dtypes, m)?)?;
     m.add_function(wrap_pyfunction!(op_specs::op_plan, m)?)?;
     m.add_function(wrap_pyfunction!(register_cpu_kernels, m)?)?;
     m.add_function(wrap_pyfunction!(set_backend, m)?)?;

@@ -7,6 +7,16 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
+/// PyTorch's dtypes Tessera takes (`kernels::torch_op::DTYPES`, the one table):
+/// `(torch name, the kernels' dtype name or None, the runtime's element name)`.
+#[pyfunction]
+pub(crate) fn dtypes() -> Vec<(&'static str, Option<&'static str>, &'static str)> {
+    torch_op::DTYPES
+        .iter()
+        .map(|d| (d.torch, d.kernel.map(|k| k.name()), d.element))
+        .collect()
+}
+
 /// Every library op: `{name, schema, doc, outputs, returns, splits}` (see [`split_dict`]). Each output is `{shape,
 /// dtype, empty}`: `shape` is `("like", arg)` or `("dims", [[arg, dim] or None (a 1),
 /// ...])`; `dtype` an argument index or `"float32"`.

@@ -37,11 +37,9 @@ pub(crate) struct Torch {
         *mut *mut c_void,
     ) -> Status,
     library_impl: unsafe extern "C" fn(*mut c_void, *const c_char, BoxedKernel) -> Status,
-    /// The codes of `torch.float32`, `torch.bfloat16`, `torch.float16`, `torch.int32`,
-    /// `torch.bool` and `torch.int64` (index tensors, taken as int32).
+    /// The codes of `torch.float32`, `torch.int32`, `torch.bool` and `torch.int64`
+    /// (index tensors, taken as int32), from the stable interface.
     pub(crate) f32: i32,
-    pub(crate) bf16: i32,
-    pub(crate) f16: i32,
     pub(crate) i32: i32,
     pub(crate) bool: i32,
     pub(crate) i64: i32,
@@ -101,14 +99,25 @@ pub(crate) fn load(path: &str) -> Result<&'static Torch, String> {
         library_init_impl: symbol!("aoti_torch_library_init_impl"),
         library_impl: symbol!("aoti_torch_library_impl"),
         f32: f32_code,
-        bf16: code(symbol!("aoti_torch_dtype_bfloat16")),
-        f16: code(symbol!("aoti_torch_dtype_float16")),
         i32: code(symbol!("aoti_torch_dtype_int32")),
         bool: code(symbol!("aoti_torch_dtype_bool")),
         i64: code(symbol!("aoti_torch_dtype_int64")),
         cpu: code(symbol!("aoti_torch_device_type_cpu")),
         _lib: lib,
     };
+    for (code, name) in [
+        (torch.f32, "torch.float32"),
+        (torch.i32, "torch.int32"),
+        (torch.bool, "torch.bool"),
+        (torch.i64, "torch.int64"),
+    ] {
+        if torch.dtype_name(code) != name {
+            return Err(format!(
+                "PyTorch's code for {name} is {code}, not its ScalarType number: this \
+                 PyTorch's stable interface is not the one Tessera was written for"
+            ));
+        }
+    }
     Ok(TORCH.get_or_init(|| torch))
 }
 
@@ -168,60 +177,45 @@ impl Torch {
         Ok(())
     }
 
-    /// Tessera's name of dtype `code` (`f32`, `bf16`, `f16`, `i32`, `bool`), if it is one
-    /// Tessera has.
+    /// Tessera's name of dtype `code` (`f32`, `bf16`, `f16`, `i32`, `bool`), if its
+    /// kernels take it (`kernels::torch_op::DTYPES`).
     pub(crate) fn tessera_dtype(&self, code: i32) -> Option<&'static str> {
-        self.dtype_codes()
-            .into_iter()
-            .find(|(c, _)| *c == code)
-            .map(|(_, name)| name)
+        kernels::torch_op::tessera_dtype(&self.dtype_name(code)).map(|d| d.name())
     }
 
     /// The code of the dtype Tessera calls `name` ([`Torch::tessera_dtype`]'s inverse).
     pub(crate) fn dtype_code(&self, name: &str) -> Option<i32> {
-        self.dtype_codes()
-            .into_iter()
-            .find(|(_, n)| *n == name)
-            .map(|(code, _)| code)
-    }
-
-    fn dtype_codes(&self) -> [(i32, &'static str); 5] {
-        [
-            (self.f32, "f32"),
-            (self.bf16, "bf16"),
-            (self.f16, "f16"),
-            (self.i32, "i32"),
-            (self.bool, "bool"),
-        ]
+        (0..SCALAR_TYPES.len() as i32).find(|&code| self.tessera_dtype(code) == Some(name))
     }
 
     /// The name PyTorch prints for dtype `code` (`torch.float64`, ...).
     pub(crate) fn dtype_name(&self, code: i32) -> String {
-        // PyTorch's ScalarType numbering, which the stable interface keeps.
-        const NAMES: [&str; 16] = [
-            "uint8",
-            "int8",
-            "int16",
-            "int32",
-            "int64",
-            "float16",
-            "float32",
-            "float64",
-            "complex32",
-            "complex64",
-            "complex128",
-            "bool",
-            "qint8",
-            "quint8",
-            "qint32",
-            "bfloat16",
-        ];
-        match NAMES.get(code as usize) {
+        match SCALAR_TYPES.get(code as usize) {
             Some(n) => format!("torch.{n}"),
             None => format!("dtype #{code}"),
         }
     }
 }
+
+/// PyTorch's ScalarType numbering (the dtype codes of the stable interface), by name.
+const SCALAR_TYPES: [&str; 16] = [
+    "uint8",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "float16",
+    "float32",
+    "float64",
+    "complex32",
+    "complex64",
+    "complex128",
+    "bool",
+    "qint8",
+    "quint8",
+    "qint32",
+    "bfloat16",
+];
 
 /// An owned tensor handle (deleted on drop).
 pub(crate) struct Tensor(Handle);

@@ -15,19 +15,12 @@ import warnings
 
 import torch
 
-from . import _tessera
+from . import _tessera, dtypes
 from .autograd import TORCH_RELEASE, autograd_kernels
 
-_DTYPE_NAMES = {
-    torch.float32: "f32",
-    torch.bfloat16: "bf16",
-    torch.float16: "f16",
-    torch.int32: "i32",
-    torch.bool: "bool",
-}
-_TORCH_DTYPES = {name: dtype for dtype, name in _DTYPE_NAMES.items()}
 # PyTorch's index tensors are int64: kernels see them as int32 (range-checked).
-_DTYPE_NAMES[torch.int64] = "i32"
+_DTYPE_NAMES = {**dtypes.KERNEL, torch.int64: "i32"}
+_TORCH_DTYPES = dtypes.TORCH
 _INT32 = torch.iinfo(torch.int32)
 _SCALAR_TYPES = {"float", "int", "bool"}
 

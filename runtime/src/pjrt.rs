@@ -812,3 +812,15 @@ impl Client {
 /// The serialized `CompileOptionsProto` every compile uses: one replica, one partition
 /// (`executable_build_options` (field 3) { `num_replicas` (4) = 1, `num_partitions` (5) = 1 }).
 pub const COMPILE_OPTIONS: [u8; 6] = [0x1a, 0x04, 0x20, 0x01, 0x28, 0x01];
+
+#[cfg(test)]
+mod tests {
+    use super::Element;
+
+    #[test]
+    fn every_torch_dtype_tessera_takes_is_an_element() {
+        for d in kernels::torch_op::DTYPES {
+            assert!(Element::from_name(d.element).is_some(), "{}", d.element);
+        }
+    }
+}

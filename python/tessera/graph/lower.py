@@ -25,13 +25,14 @@ from typing import Optional
 import torch
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
-from .. import _tessera, config, library, ops
+from .. import _tessera, config, dtypes, library, ops
 
 TARGET = "tessera_op"
 # The custom call `op` of user library ops (the runner finds them by namespace).
 USER_OP = "user_op"
 
-# Torch dialect element types -> builtin ones.
+# Torch dialect element types -> builtin ones (MLIR's two spellings of the runtime's
+# elements: signed integers are `si32` in the torch dialect, `i32` in builtin types).
 _ELEMENT = {
     "f32": "f32",
     "f64": "f64",
@@ -559,15 +560,4 @@ def _first_line_of_interest(message: str) -> str:
 
 def element_name(dtype: torch.dtype) -> Optional[str]:
     """The runtime's element name of a torch dtype (None: not supported)."""
-    return {
-        torch.float32: "f32",
-        torch.float64: "f64",
-        torch.bfloat16: "bf16",
-        torch.float16: "f16",
-        torch.int64: "i64",
-        torch.int32: "i32",
-        torch.int16: "i16",
-        torch.int8: "i8",
-        torch.uint8: "u8",
-        torch.bool: "bool",
-    }.get(dtype)
+    return dtypes.ELEMENT.get(dtype)
