@@ -320,18 +320,23 @@ def _opt_binary() -> str:
     return os.path.join(os.path.dirname(_mlir_libs.__file__), "torch-mlir-opt")
 
 
-def _rename_casts(text: str) -> str:
-    """``builtin.unrealized_conversion_cast`` -> the ``torch_c`` cast of its direction."""
-    out = []
-    for line in text.splitlines():
-        if '"builtin.unrealized_conversion_cast"(' in line:
-            to_builtin = ": (!torch.vtensor" in line
-            line = line.replace(
-                '"builtin.unrealized_conversion_cast"',
-                '"torch_c.to_builtin_tensor"' if to_builtin else '"torch_c.from_builtin_tensor"',
-            )
-        out.append(line)
-    return "\n".join(out)
+def _torch_c_casts(module, ir) -> None:
+    """Each ``builtin.unrealized_conversion_cast`` (how :func:`_replace_operators` joins
+    torch and builtin tensor types while torch-mlir's in-process passes run) becomes the
+    ``torch_c`` cast of its direction, which ``torch-mlir-opt``'s StableHLO pipeline
+    takes. (The ``torch_c`` dialect is not in the Python bindings: the ops are created
+    unregistered and printed in generic form.)"""
+    module.context.allow_unregistered_dialects = True
+    for o in _walk(module.operation, []):
+        if o.operation.name != "builtin.unrealized_conversion_cast":
+            continue
+        source = o.operands[0]
+        to_builtin = str(source.type).startswith("!torch.vtensor")
+        name = "torch_c.to_builtin_tensor" if to_builtin else "torch_c.from_builtin_tensor"
+        with ir.InsertionPoint(o), o.location:
+            cast = ir.Operation.create(name, results=[o.results[0].type], operands=[source])
+        o.results[0].replace_all_uses_with(cast.result)
+        o.operation.erase()
 
 
 def _stablehlo_pipeline(text: str) -> str:
@@ -382,7 +387,8 @@ def to_stablehlo(gm: torch.fx.GraphModule, target: str = "cpu", mesh: int = 1) -
             "Lowering TorchFX IR -> Torch Backend IR",
         )
         if calls:
-            text = _stablehlo_pipeline(_rename_casts(module.operation.get_asm(print_generic_op_form=True)))
+            _torch_c_casts(module, ir)
+            text = _stablehlo_pipeline(module.operation.get_asm(print_generic_op_form=True))
         else:
             text = str(lower_mlir_module(False, OutputType.STABLEHLO, module))
     except LoweringError:
