@@ -184,7 +184,6 @@ fn run_custom_call(call: &runtime::custom_call::OpCall) -> Result<(), String> {
         .map_err(|e| e.message())
 }
 
-/// Adds graph mode's functions and installs the custom-call runner.
 /// The kernel choice stored for graph `key` on this machine (`None`: none stored, or no
 /// cache directory). A corrupt entry is dropped: `ValueError` says which and why.
 #[pyfunction]
@@ -206,6 +205,7 @@ fn store_graph_choice(key: &str, choice: &str) -> PyResult<Option<String>> {
     Ok(Some(path.display().to_string()))
 }
 
+/// Adds graph mode's functions and installs the custom-call runner.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     runtime::custom_call::set_op_runner(Box::new(run_custom_call));
     m.add_class::<GraphExecutable>()?;

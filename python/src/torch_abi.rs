@@ -180,7 +180,12 @@ impl Torch {
     /// Tessera's name of dtype `code` (`f32`, `bf16`, `f16`, `i32`, `bool`), if its
     /// kernels take it (`kernels::torch_op::DTYPES`).
     pub(crate) fn tessera_dtype(&self, code: i32) -> Option<&'static str> {
-        kernels::torch_op::tessera_dtype(&self.dtype_name(code)).map(|d| d.name())
+        let name = SCALAR_TYPES.get(usize::try_from(code).ok()?)?;
+        kernels::torch_op::DTYPES
+            .iter()
+            .find(|d| d.torch.strip_prefix("torch.") == Some(name))
+            .and_then(|d| d.kernel)
+            .map(|k| k.name())
     }
 
     /// The code of the dtype Tessera calls `name` ([`Torch::tessera_dtype`]'s inverse).

@@ -464,8 +464,6 @@ class _PerShape:
             _bake(gm.graph, node, a)
         gm.recompile()
         tensors = [a for a, k in zip(args, keep) if k]
-        if self.chosen.auto:  # measured once, on the first shape, for every shape
-            self.chosen = _choose(gm, tensors, name, self.chosen)
         try:
             FakeTensorProp(gm, FakeTensorMode(allow_non_fake_inputs=True)).propagate(*tensors)
         except Exception as e:  # noqa: BLE001 - the graph still runs eagerly
@@ -474,6 +472,8 @@ class _PerShape:
         for n in gm.graph.nodes:
             if "val" in n.meta:
                 n.meta["example_value"] = n.meta["val"]
+        if self.chosen.auto:  # measured once, on the first shape, for every shape
+            self.chosen = _choose(gm, tensors, name, self.chosen)
         run = _static(gm, tensors, name, self.chosen)
         return lambda *call: run(*[a for a, k in zip(call, keep) if k])
 

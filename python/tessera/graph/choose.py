@@ -66,7 +66,7 @@ def choose(
     if why_not:
         return Choice(every, f"not measured ({why_not}): every kernel taken")
     key = _key(gm, example_inputs, present)
-    stored = _stored(key)
+    stored = _stored(key, every)
     if stored is not None:
         return stored
     inputs = [_concrete(a) for a in example_inputs]
@@ -170,7 +170,8 @@ def _key(gm: torch.fx.GraphModule, example_inputs, present: list) -> str:
     return "\n".join([gm.code, repr(inputs), ",".join(present), torch.__version__, str(torch.get_num_threads())])
 
 
-def _stored(key: str):
+def _stored(key: str, every: frozenset):
+    """The choice stored under ``key`` (of the families in ``every``), if there is one."""
     if config.get("TESSERA_TUNE") == "off":
         return None
     try:
@@ -181,7 +182,7 @@ def _stored(key: str):
     if text is None:
         return None
     entry = json.loads(text)
-    return Choice(frozenset(entry["kernels"]), "stored", entry["ms"])
+    return Choice(frozenset(entry["kernels"]) & every, "stored", entry["ms"])
 
 
 def _store(key: str, choice: Choice) -> None:
