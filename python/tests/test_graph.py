@@ -93,19 +93,22 @@ def test_an_unknown_compiler_or_option_is_an_error():
             torch.compile(torch.sin, backend="tessera", options=options)(torch.randn(3))
 
 
+class _Block(nn.Module):
+    """RMSNorm, causal attention and SwiGLU: three kernel families."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.RMSNorm(32)
+
+    def forward(self, x):
+        h = self.norm(x)
+        q = h.view(2, 8, 4, 8).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, q, q, is_causal=True).transpose(1, 2).reshape(2, 8, 32)
+        return F.silu(a) * h
+
+
 def test_the_kernels_option_chooses_what_is_substituted():
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.norm = nn.RMSNorm(32)
-
-        def forward(self, x):
-            h = self.norm(x)
-            q = h.view(2, 8, 4, 8).transpose(1, 2)
-            a = F.scaled_dot_product_attention(q, q, q, is_causal=True).transpose(1, 2).reshape(2, 8, 32)
-            return F.silu(a) * h
-
-    block, x = Block(), torch.randn(2, 8, 32)
+    block, x = _Block(), torch.randn(2, 8, 32)
     want = block(x)
     for kernels, taken in (
         ("all", {"rms_norm", "flash_attention", "swiglu"}),
@@ -121,20 +124,6 @@ def test_the_kernels_option_chooses_what_is_substituted():
     torch._dynamo.reset()
     with pytest.raises(Exception, match="kernels \\['gelu'\\]: expected 'auto', 'all', 'none' or some of"):
         torch.compile(block, backend="tessera", options={"kernels": ["gelu"]})(x)
-
-
-class _Block(nn.Module):
-    """RMSNorm, causal attention and SwiGLU: three kernel families for ``kernels="auto"``."""
-
-    def __init__(self):
-        super().__init__()
-        self.norm = nn.RMSNorm(32)
-
-    def forward(self, x):
-        h = self.norm(x)
-        q = h.view(2, 8, 4, 8).transpose(1, 2)
-        a = F.scaled_dot_product_attention(q, q, q, is_causal=True).transpose(1, 2).reshape(2, 8, 32)
-        return F.silu(a) * h
 
 
 def _auto(block, x):

@@ -241,14 +241,20 @@ pub fn l2_bytes() -> u64 {
 }
 
 fn digest(key: &TuneKey) -> [u8; 32] {
-    let mut h = Sha256::new();
-    for part in [
+    digest_of(&[
         key.kernel.as_str(),
         key.problem.as_str(),
         key.target.name(),
         machine(key.target),
         env!("CARGO_PKG_VERSION"),
-    ] {
+    ])
+}
+
+/// The SHA-256 of `parts`, each ended by a zero byte (so no two lists hash alike by
+/// moving text across a boundary).
+fn digest_of(parts: &[&str]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    for part in parts {
         h.update(part.as_bytes());
         h.update([0]);
     }
@@ -426,12 +432,7 @@ impl GraphChoices {
     }
 
     fn digest(graph: &str) -> [u8; 32] {
-        let mut h = Sha256::new();
-        for part in [graph, cpu(), env!("CARGO_PKG_VERSION")] {
-            h.update(part.as_bytes());
-            h.update([0]);
-        }
-        h.finalize().into()
+        digest_of(&[graph, cpu(), env!("CARGO_PKG_VERSION")])
     }
 
     fn path(&self, digest: &[u8; 32]) -> PathBuf {

@@ -523,17 +523,17 @@ def _choose(gm: torch.fx.GraphModule, example_inputs, name: str, chosen: Options
     from torch._inductor.compile_fx import compile_fx
 
     def substituted(kernels):
+        """A copy of ``gm`` with ``kernels`` substituted, and what was."""
         work = _copy(gm)
-        return patterns.substitute(work, _constant_evaluator(work, example_inputs), kernels).substituted
+        return work, patterns.substitute(work, _constant_evaluator(work, example_inputs), kernels).substituted
 
     def compile_with(kernels):
-        work = _copy(gm)
-        patterns.substitute(work, _constant_evaluator(work, example_inputs), kernels)
+        work, _ = substituted(kernels)
         with torch._functorch.config.patch(enable_autograd_cache=False):
             return compile_fx(work, example_inputs)
 
     try:
-        present = choose.families(gm, substituted)
+        present = choose.families(gm, lambda kernels: substituted(kernels)[1])
         choice = choose.choose(gm, example_inputs, present, compile_with, lambda m: _debug(f"{name}: {m}"))
     except Exception as e:  # noqa: BLE001 - the graph is still compiled, with every kernel
         choice = choose.Choice(chosen.kernels, f"not measured ({_cause(e)}): every kernel taken")
