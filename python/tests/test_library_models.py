@@ -255,19 +255,20 @@ def _runners():
     return [o for o in gc.get_objects() if type(o).__name__ == "_Runner"]
 
 
-def test_torch_mlir_resource_constants_are_inlined():
-    text = (
-        "%0 = stablehlo.constant dense_resource<blob_a> : tensor<2xi64>\n"
-        "%1 = stablehlo.constant dense_resource<flags> : tensor<2xi1>\n"
-        "{-#\n  dialect_resources: {\n    builtin: {\n"
-        '      blob_a: "0x0800000001000000000000000200000000000000",\n'
-        '      flags: "0x010000000101"\n    }\n  }\n#-}\n'
-    )
-    out = lower._inline_resources(text)
-    assert out == text  # a boolean blob stays: the caller refuses the module
-    out = lower._inline_resources(text.replace("tensor<2xi1>", "tensor<2xi8>"))
-    assert 'dense<"0x01000000000000000200000000000000"> : tensor<2xi64>' in out
-    assert "dense_resource" not in out and "{-#" not in out
+def test_a_tensor_constant_left_in_the_graph_is_imported_as_dense_elements():
+    # Graph mode lifts tensor constants to inputs; one that stays reaches torch-mlir's
+    # importer, whose default form (a dense_resource blob) XLA rejects.
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x):
+        return x * torch.tensor([2.0, 3.0]) + torch.tensor([[1, 2], [3, 4]]) + (x > 0)
+
+    gm = make_fx(f)(torch.randn(2, 2))
+    assert sum(n.op == "get_attr" for n in gm.graph.nodes) == 2
+    text, _ = lower.to_stablehlo(gm)
+    assert "dense_resource" not in text
+    assert "dense<[2.000000e+00, 3.000000e+00]> : tensor<2xf32>" in text
+    assert "dense<[[1, 2], [3, 4]]> : tensor<2x2xi64>" in text
 
 
 def test_squeeze_dims_and_restriding_views_import():

@@ -7,10 +7,12 @@ operands to the kernel's shapes and results back), whose ``backend_config`` name
 library op and its parameters. On CPU that target is the native kernel registered as
 an XLA FFI handler (``runtime::custom_call``).
 
-Two details of torch-mlir shape the code: its Python context cannot create the
-``torch_c`` casts around the call, so ``builtin.unrealized_conversion_cast`` stands in
-for them until the torch backend form, then the casts are renamed in the printed
-module and the StableHLO pipeline runs in ``torch-mlir-opt``.
+Two details of torch-mlir shape the code: its Python bindings do not register the
+``torch_c`` dialect, so ``builtin.unrealized_conversion_cast`` stands in for the casts
+around the call until the torch backend form, then becomes the ``torch_c`` casts (built
+unregistered) and the StableHLO pipeline runs in ``torch-mlir-opt``. Every edit of the
+module goes through MLIR's Python bindings: torch-mlir's, and jaxlib's for the ``sdy``
+ops of a sharded TPU export.
 """
 
 import collections
@@ -22,6 +24,7 @@ import sys
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
 import torch
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
@@ -177,8 +180,9 @@ def _named_args(node: torch.fx.Node, args: list) -> dict:
 
 
 def lift_constants(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
-    """Turns tensor ``get_attr`` nodes into trailing inputs (torch-mlir would embed them
-    as ``dense_resource`` constants, which XLA rejects); returns their values."""
+    """Turns tensor ``get_attr`` nodes into trailing inputs (a compiled module then
+    holds no weights or buffers, and its cache key does not depend on their values);
+    returns their values."""
     constants = []
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     last = placeholders[-1] if placeholders else None
@@ -203,6 +207,27 @@ def lift_constants(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
     gm.graph.lint()
     gm.recompile()
     return constants
+
+
+def _dense_literals():
+    """torch-mlir importer hooks that import a tensor literal (a constant not lifted to
+    an input) as ``dense<...>`` elements, as torch-mlir does for one-element tensors;
+    its ``dense_resource`` blobs for larger ones are rejected by XLA."""
+    from torch_mlir import ir
+    from torch_mlir.extras import fx_importer as importer
+
+    class DenseLiterals(importer.FxImporterHooks):
+        def resolve_literal(self, gni, literal, info):
+            if not isinstance(literal, torch.Tensor) or literal.dtype not in importer.TORCH_DTYPE_TO_NPY_TYPE:
+                return None  # torch-mlir's own import
+            array = np.array(literal.tolist()).astype(importer.TORCH_DTYPE_TO_NPY_TYPE[literal.dtype])
+            element = importer.TORCH_DTYPE_TO_MLIR_TYPE[literal.dtype]()
+            dims = ",".join(str(d) for d in literal.shape)
+            vtensor = ir.Type.parse(f"!torch.vtensor<[{dims}],{importer.TORCH_DTYPE_TO_MLIR_TYPE_ASM[literal.dtype]}>")
+            value = ir.DenseElementsAttr.get(array, type=element, shape=array.shape)
+            return ir.Operation.create("torch.vtensor.literal", results=[vtensor], attributes={"value": value}).result
+
+    return DenseLiterals()
 
 
 def _parse_vtensor(torch_type: str) -> tuple[list[int], str]:
@@ -236,11 +261,11 @@ def _custom_call(ir, call: KernelCall, operands, target: str):
     XLA FFI) or ``tpu_custom_call`` (TPU: the kernel's Mosaic body)."""
     results = [ir.Type.parse(_tensor_type(s, e)) for s, e in call.outputs]
     if target == "cpu":
-        config = f'{{op = "{call.kernel}", params = "{call.params_text()}"}}'
+        config = {"op": ir.StringAttr.get(call.kernel), "params": ir.StringAttr.get(call.params_text())}
         attributes = {
             "call_target_name": ir.StringAttr.get(TARGET),
             "api_version": ir.IntegerAttr.get(ir.IntegerType.get_signless(32), 4),
-            "backend_config": ir.Attribute.parse(config),
+            "backend_config": ir.DictAttr.get(config),
         }
     else:
         try:
@@ -375,10 +400,11 @@ def to_stablehlo(gm: torch.fx.GraphModule, target: str = "cpu", mesh: int = 1) -
         return True
 
     context.attach_diagnostic_handler(collect)
+    _stablehlo.register_dialect(context)
     try:
-        module = fx.stateless_fx_import(gm, output_type="raw", fx_importer=FxImporter(context=context))
+        importer = FxImporter(context=context, hooks=_dense_literals())
+        module = fx.stateless_fx_import(gm, output_type="raw", fx_importer=importer)
         if calls:
-            _stablehlo.register_dialect(module.context)
             _replace_operators(module, calls, target)
         run_pipeline_with_repro_report(
             module,
@@ -388,17 +414,18 @@ def to_stablehlo(gm: torch.fx.GraphModule, target: str = "cpu", mesh: int = 1) -
         )
         if calls:
             _torch_c_casts(module, ir)
-            text = _stablehlo_pipeline(module.operation.get_asm(print_generic_op_form=True))
+            lowered = _stablehlo_pipeline(module.operation.get_asm(print_generic_op_form=True))
+            module = ir.Module.parse(lowered, context)
         else:
-            text = str(lower_mlir_module(False, OutputType.STABLEHLO, module))
+            module = lower_mlir_module(False, OutputType.STABLEHLO, module)
+        _stable_constants(module, ir)
+        text = str(module)
     except LoweringError:
         raise
     except Exception as e:  # torch-mlir reports unsupported ops as exceptions of its own
         raise LoweringError(_first_line_of_interest("\n".join(diagnostics) + "\n" + str(e))) from None
-    text = _inline_resources(text)
     if "dense_resource" in text:
         raise LoweringError("the graph embeds a tensor constant XLA cannot take (dense_resource)")
-    text = _stable_constants(text)
     if mesh > 1 and target == "tpu":
         text = shard_calls(text, calls, mesh)
     return text, [c.label for c in calls]
@@ -425,28 +452,62 @@ def _sharded_dims(call: KernelCall, mesh: int):
     return ins, outs, p
 
 
-_CALL = re.compile(
-    r"^(\s*)(%[\w]+(?::\d+)?) = stablehlo\.custom_call @tpu_custom_call\((.*?)\) "
-    r"\{backend_config = \"[^\"]*\", (.*)\} : \((.*?)\) -> (.*)$"
-)
-
-
-def _types(text: str) -> list[str]:
-    return re.findall(r"tensor<[^>]*>", text)
-
-
-def _local(t: str, dim, mesh: int) -> str:
-    dims, element = re.fullmatch(r"tensor<((?:\d+x)*)(\w+)>", t).groups()
-    dims = [int(d) for d in dims.split("x") if d]
+def _local_type(ir, t, dim, mesh: int):
+    """``t`` with dim ``dim`` (``None``: none) divided over ``mesh`` devices."""
+    t = ir.RankedTensorType(t)
+    shape = list(t.shape)
     if dim is not None:
-        dims[dim] //= mesh
-    return _tensor_type(dims, element)
+        shape[dim] //= mesh
+    return ir.RankedTensorType.get(shape, t.element_type)
 
 
-def _sharding(t: str, dim) -> str:
-    rank = len(re.findall(r"\d+x", t))
-    axes = ", ".join('{"' + MESH_AXIS + '"}' if d == dim else "{}" for d in range(rank))
-    return f"<@mesh, [{axes}]>"
+def _sharding(ir, sdy, t, dim):
+    """``t`` sharded over the mesh axis on dim ``dim`` (``None``: replicated)."""
+    t = ir.RankedTensorType(t)
+    axes = [[sdy.AxisRefAttr.get(MESH_AXIS)] if d == dim else [] for d in range(t.rank)]
+    dims = [sdy.DimensionShardingAttr.get(a, is_closed=True) for a in axes]
+    return sdy.TensorShardingAttr.get(ir.FlatSymbolRefAttr.get("mesh"), dims, replicated_axes=[], unreduced_axes=[])
+
+
+def _manual_region(ir, sdy, op, call: KernelCall, split, mesh: int) -> None:
+    """Replaces the ``tpu_custom_call`` ``op`` by an ``sdy.manual_computation`` whose
+    body runs ``call``'s kernel built for the local shapes of ``split``."""
+    ins, outs, params = split
+    in_types = [v.type for v in op.operands]
+    out_types = [r.type for r in op.results]
+    try:
+        config, name = _tessera.tpu_custom_call_config(
+            call.kernel, [f"{k}={v}" for k, v in params.items()], len(call.inputs)
+        )
+    except ValueError as e:
+        raise LoweringError(f"TPU: {e}") from None
+    shardings = lambda types, dims: sdy.TensorShardingPerValueAttr.get(  # noqa: E731
+        [_sharding(ir, sdy, t, d) for t, d in zip(types, dims)]
+    )
+    with ir.InsertionPoint(op), op.location:
+        region = sdy.ManualComputationOp(
+            out_types,
+            list(op.operands),
+            shardings(in_types, ins),
+            shardings(out_types, outs),
+            sdy.ManualAxesAttr.get([ir.StringAttr.get(MESH_AXIS)]),
+        )
+        block = ir.Block.create_at_start(region.body, [_local_type(ir, t, d, mesh) for t, d in zip(in_types, ins)])
+        attributes = {name: op.attributes[name] for name in op.attributes}
+        attributes["backend_config"] = ir.StringAttr.get(config)
+        if "kernel_name" in attributes:
+            attributes["kernel_name"] = ir.StringAttr.get(name)
+        with ir.InsertionPoint(block):
+            local = ir.Operation.create(
+                "stablehlo.custom_call",
+                results=[_local_type(ir, t, d, mesh) for t, d in zip(out_types, outs)],
+                operands=list(block.arguments),
+                attributes=attributes,
+            )
+            sdy.ReturnOp(list(local.results))
+    for old, new in zip(op.results, region.results):
+        old.replace_all_uses_with(new)
+    op.operation.erase()
 
 
 def shard_calls(text: str, calls: list[KernelCall], mesh: int) -> str:
@@ -454,93 +515,49 @@ def shard_calls(text: str, calls: list[KernelCall], mesh: int) -> str:
     devices in an ``sdy.manual_computation`` over the mesh axis ``model`` (what JAX's
     ``shard_map`` emits; custom calls cannot be partitioned automatically): its operands
     sharded as the op's sharding rule says, the kernel built for the local shapes. The
-    module gets the mesh and ``mhlo.num_partitions``; XLA's partitioner shards the rest."""
-    out, index = [], 0
-    for line in text.splitlines():
-        m = _CALL.match(line)
-        if not m:
-            out.append(line)
-            continue
-        if index >= len(calls):
-            raise LoweringError("sharded export: more tpu_custom_calls than Tessera calls")
-        call, index = calls[index], index + 1
-        indent, result, operands, attrs, in_types, out_types = m.groups()
-        named = re.search(r'kernel_name = "([^"]*)"', attrs)
-        if call.kernel != USER_OP and named and not call.kernel.startswith(named.group(1).split("_")[0]):
-            raise LoweringError(f"sharded export: call {index} is {named.group(1)}, expected {call.kernel}")
-        split = _sharded_dims(call, mesh)
-        if split is None:
-            out.append(line)
-            continue
-        ins, outs, params = split
-        in_t, out_t = _types(in_types), _types(out_types)
-        local_in = [_local(t, d, mesh) for t, d in zip(in_t, ins)]
-        local_out = [_local(t, d, mesh) for t, d in zip(out_t, outs)]
-        try:
-            config, name = _tessera.tpu_custom_call_config(
-                call.kernel, [f"{k}={v}" for k, v in params.items()], len(call.inputs)
-            )
-        except ValueError as e:
-            raise LoweringError(f"TPU: {e}") from None
-        args = [f"%shard{index}_{i}" for i in range(len(in_t))]
-        local = f"%local{index}" + (f":{len(out_t)}" if len(out_t) > 1 else "")
-        rets = [f"%local{index}#{i}" for i in range(len(out_t))] if len(out_t) > 1 else [f"%local{index}"]
-        attrs = re.sub(r'kernel_name = "[^"]*"', f'kernel_name = "{name}"', attrs)
-        wrap = lambda ts: ts[0] if len(ts) == 1 else f"({', '.join(ts)})"  # noqa: E731
-        out += [
-            f"{indent}{result} = sdy.manual_computation({operands}) "
-            f"in_shardings=[{', '.join(_sharding(t, d) for t, d in zip(in_t, ins))}] "
-            f"out_shardings=[{', '.join(_sharding(t, d) for t, d in zip(out_t, outs))}] "
-            f'manual_axes={{"{MESH_AXIS}"}} ({", ".join(f"{a}: {t}" for a, t in zip(args, local_in))}) {{',
-            f"{indent}  {local} = stablehlo.custom_call @tpu_custom_call({', '.join(args)}) "
-            f'{{backend_config = "{_escape(config)}", {attrs}}} : ({", ".join(local_in)}) -> {wrap(local_out)}',
-            f"{indent}  sdy.return {', '.join(rets)} : {', '.join(local_out)}",
-            f"{indent}}} : ({', '.join(in_t)}) -> {wrap(out_t)}",
+    module gets the mesh and ``mhlo.num_partitions``; XLA's partitioner shards the rest.
+    The edit goes through jaxlib's MLIR bindings (torch-mlir's have no ``sdy`` dialect)."""
+    from jax._src.interpreters import mlir as jax_mlir
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import sdy
+
+    with jax_mlir.make_ir_context(), ir.Location.unknown():
+        module = ir.Module.parse(text)
+        customs = [
+            o
+            for o in _walk(module.operation, [])
+            if o.operation.name == "stablehlo.custom_call"
+            and ir.StringAttr(o.attributes["call_target_name"]).value == "tpu_custom_call"
         ]
-    text = "\n".join(out)
-    header = f"mhlo.num_partitions = {mesh} : i32, mhlo.num_replicas = 1 : i32"
-    mesh_op = f'  sdy.mesh @mesh = <["{MESH_AXIS}"={mesh}]>'
-    if text.startswith("module {"):
-        return text.replace("module {", f"module attributes {{{header}}} {{\n{mesh_op}", 1)
-    return re.sub(r"^module attributes \{", f"module attributes {{{header}, ", text, count=1).replace(
-        "{\n", "{\n" + mesh_op + "\n", 1
-    )
+        if len(customs) != len(calls):
+            raise LoweringError(f"sharded export: {len(customs)} tpu_custom_calls for {len(calls)} Tessera calls")
+        for index, (op, call) in enumerate(zip(customs, calls), 1):
+            named = ir.StringAttr(op.attributes["kernel_name"]).value if "kernel_name" in op.attributes else None
+            if call.kernel != USER_OP and named and not call.kernel.startswith(named.split("_")[0]):
+                raise LoweringError(f"sharded export: call {index} is {named}, expected {call.kernel}")
+            split = _sharded_dims(call, mesh)
+            if split is not None:
+                _manual_region(ir, sdy, op, call, split, mesh)
+        with ir.InsertionPoint.at_block_begin(module.body):
+            sdy.MeshOp("mesh", sdy.MeshAttr.get([sdy.MeshAxisAttr.get(MESH_AXIS, mesh)], []))
+        i32 = ir.IntegerType.get_signless(32)
+        module.operation.attributes["mhlo.num_partitions"] = ir.IntegerAttr.get(i32, mesh)
+        module.operation.attributes["mhlo.num_replicas"] = ir.IntegerAttr.get(i32, 1)
+        return str(module)
 
 
-def _escape(config: str) -> str:
-    """A JSON config as an MLIR string attribute's contents."""
-    return config.replace("\\", "\\\\").replace('"', '\\"')
-
-
-_RESOURCE = re.compile(r'^\s*([\w.]+): "0x([0-9A-Fa-f]{8})([0-9A-Fa-f]*)",?$', re.M)
-
-
-def _inline_resources(text: str) -> str:
-    """Constants torch-mlir makes on its own (the index tensors of a gather, say) come
-    out as ``dense_resource`` blobs, which XLA rejects: each is written inline as a
-    ``dense<"0x...">`` hex literal (the blob less its 4-byte alignment header). Boolean
-    blobs (packed differently) are left for the caller to refuse."""
-    start = text.find("{-#")
-    if start < 0:
-        return text
-    blobs = {m.group(1): m.group(3) for m in _RESOURCE.finditer(text[start:])}
-    body = text[:start]
-
-    def inline(m):
-        name, element = m.group(1), m.group(2)
-        if name not in blobs or element.split("x")[-1] == "i1":
-            return m.group(0)
-        return f'dense<"0x{blobs[name]}"> : tensor<{element}>'
-
-    body = re.sub(r"dense_resource<([\w.]+)> : tensor<([^>]*)>", inline, body)
-    return body if "dense_resource" not in body else text
-
-
-def _stable_constants(text: str) -> str:
+def _stable_constants(module, ir) -> None:
     """torch-mlir leaves some tensor constants as ``arith.constant``; StableHLO's
-    portable form (what TPU compilers read) takes only ``stablehlo.constant``, which has
-    the same syntax."""
-    return re.sub(r"= arith\.constant (dense<[^>]*> : tensor<)", r"= stablehlo.constant \1", text)
+    portable form (what TPU compilers read) takes only ``stablehlo.constant``."""
+    for o in _walk(module.operation, []):
+        if o.operation.name != "arith.constant" or not isinstance(o.results[0].type, ir.RankedTensorType):
+            continue
+        with ir.InsertionPoint(o), o.location:
+            constant = ir.Operation.create(
+                "stablehlo.constant", results=[o.results[0].type], attributes={"value": o.attributes["value"]}
+            )
+        o.results[0].replace_all_uses_with(constant.result)
+        o.operation.erase()
 
 
 def _first_line_of_interest(message: str) -> str:
