@@ -517,9 +517,12 @@ def shard_calls(text: str, calls: list[KernelCall], mesh: int) -> str:
     sharded as the op's sharding rule says, the kernel built for the local shapes. The
     module gets the mesh and ``mhlo.num_partitions``; XLA's partitioner shards the rest.
     The edit goes through jaxlib's MLIR bindings (torch-mlir's have no ``sdy`` dialect)."""
-    from jax._src.interpreters import mlir as jax_mlir
-    from jax._src.lib.mlir import ir
-    from jax._src.lib.mlir.dialects import sdy
+    try:
+        from jax._src.interpreters import mlir as jax_mlir
+        from jax._src.lib.mlir import ir
+        from jax._src.lib.mlir.dialects import sdy
+    except ImportError as e:
+        raise LoweringError(f"a sharded export needs jaxlib's MLIR bindings: {e}") from None
 
     with jax_mlir.make_ir_context(), ir.Location.unknown():
         module = ir.Module.parse(text)
