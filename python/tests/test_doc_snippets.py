@@ -54,7 +54,8 @@ def _check_graph_mode(scope, text):
     # The default ("auto") took the kernels it measured as winners, and says so.
     stats = scope["stats"]
     (choice,) = stats["choices"].values()
-    assert choice["how"] == "measured" and {"+flash_attention", "+rms_norm", "+swiglu"} <= set(choice["ms"])
+    assert choice["how"] == "measured" and {"+flash_attention", "+rms_norm", "+swiglu", "eager"} <= set(choice["ms"])
+    assert choice["compiler"] in ("inductor", "eager") and choice["inductor"] == {}, choice  # no convolution
     assert set(stats["kernels"]) == set(choice["kernels"]), stats
     # kernels="all" takes the kernels the comment lists.
     tessera.reset_graph_stats()

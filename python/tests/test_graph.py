@@ -141,19 +141,22 @@ def test_auto_keeps_the_kernels_that_win_their_race_and_stores_the_choice(monkey
 
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
     # Attention wins, RMSNorm ties (within the margin), SwiGLU wins over attention alone,
-    # and the two win the confirming race against no kernels.
-    races = iter([[1.0, 0.5], [0.5, 0.5], [0.5, 0.4], [1.0, 0.4]])
+    # the two win the confirming race against no kernels, and compiled beats eager.
+    races = iter([[1.0, 0.5], [0.5, 0.5], [0.5, 0.4], [1.0, 0.4], [0.4, 1.0]])
     monkeypatch.setattr(choose, "_race", lambda runs, inputs: next(races))
     block, x = _Block(), torch.randn(2, 8, 32)
     choice, kernels = _auto(block, x)
     assert choice == {
         "kernels": ["flash_attention", "swiglu"],
+        "compiler": "inductor",
+        "inductor": {},
         "how": "measured",
         "ms": {
             "+flash_attention": [1.0, 0.5],
             "+rms_norm": [0.5, 0.5],
             "+swiglu": [0.5, 0.4],
             "confirm": [1.0, 0.4],
+            "eager": [0.4, 1.0],
         },
     }, choice
     assert set(kernels) == {"flash_attention", "swiglu"}, kernels
@@ -165,15 +168,56 @@ def test_auto_keeps_the_kernels_that_win_their_race_and_stores_the_choice(monkey
     assert set(kernels) == {"flash_attention", "swiglu"}, kernels
 
     # A corrupt entry is dropped with a warning naming it, and the graph is measured
-    # again: this time attention's win is not confirmed, so nothing is taken.
+    # again: this time attention's win is not confirmed, so nothing is taken, and the
+    # graph runs eagerly, which wins its race against the compiled one.
     (entry,) = (tmp_path / "graph-choices").iterdir()
     entry.write_bytes(entry.read_bytes()[:-3])
-    races = iter([[1.0, 0.5], [0.5, 0.6], [0.5, 0.6], [1.0, 0.99]])
+    races = iter([[1.0, 0.5], [0.5, 0.6], [0.5, 0.6], [1.0, 0.99], [1.0, 0.9]])
     monkeypatch.setattr(choose, "_race", lambda runs, inputs: next(races))
     with pytest.warns(UserWarning, match="dropped .*graph-choices.*graph-"):
         choice, kernels = _auto(block, x)
-    assert (choice["how"], choice["kernels"], kernels) == ("measured", [], {}), choice
+    assert (choice["how"], choice["kernels"], choice["compiler"], kernels) == ("measured", [], "eager", {}), choice
     assert choice["ms"]["confirm"] == [1.0, 0.99]
+    assert tessera.graph_stats()["inductor_cache"] == {"fx_graph_hits": 0, "fx_graph_misses": 0}  # not compiled
+
+
+class _ConvNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x)).mean((2, 3))
+
+
+def test_auto_compiles_without_inductors_layout_optimization_where_that_wins(monkeypatch, tmp_path):
+    import torch._inductor.compile_fx as inductor
+
+    from tessera.graph import choose
+
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")  # every graph really compiled
+    # No kernel family; without the layout optimization is faster; compiled beats eager.
+    races = iter([[1.0, 0.5], [0.5, 1.0]])
+    monkeypatch.setattr(choose, "_race", lambda runs, inputs: next(races))
+    settings = []
+    inner = inductor.compile_fx_inner
+
+    def spy(*args, **kwargs):
+        settings.append(torch._inductor.config.layout_optimization)
+        return inner(*args, **kwargs)
+
+    monkeypatch.setattr(inductor, "compile_fx_inner", spy)
+    net, x = _ConvNet(), torch.randn(2, 3, 8, 8)
+    choice, _ = _auto(net, x)
+    assert choice["inductor"] == {"layout_optimization": False}, choice
+    assert choice["ms"] == {"-layout_optimization": [1.0, 0.5], "eager": [0.5, 1.0]}, choice
+    # A later compile reads the choice and compiles with it, forward and backward.
+    settings.clear()
+    torch._dynamo.reset()
+    got = torch.compile(net, backend="tessera", options={"kernels": "auto"})(x)
+    got.sum().backward()
+    assert settings == [False, False], settings
 
 
 def test_auto_measures_real_timings_and_takes_what_it_chose(monkeypatch, tmp_path):
@@ -188,6 +232,7 @@ def test_auto_measures_real_timings_and_takes_what_it_chose(monkeypatch, tmp_pat
             "+rms_norm",
             "+swiglu",
             "confirm",
+            "eager",
         }
     )
     assert all(ms > 0 for pair in choice["ms"].values() for ms in pair), choice
@@ -218,7 +263,8 @@ def test_auto_does_not_run_again_a_graph_that_writes_its_inputs(monkeypatch, tmp
         h.add_(1)
         return torch.softmax(h, -1)
 
-    monkeypatch.setattr(choose, "_race", lambda runs, inputs: [1.0, 0.5])
+    races = iter([[1.0, 0.5], [1.0, 0.5], [0.5, 1.0]])  # softmax wins, confirmed; compiled wins
+    monkeypatch.setattr(choose, "_race", lambda runs, inputs: next(races))
     torch._dynamo.reset()
     tessera.reset_graph_stats()
     got = torch.compile(writes_its_own, backend="tessera", options={"kernels": "auto"})(x)

@@ -75,9 +75,12 @@ def graph_stats() -> dict:
     (``{kernel: calls in compiled graphs}``), ``fallbacks`` (``{op or pattern:
     reason}``), ``shapes`` (``{graph: shapes compiled}`` for graphs with
     dynamic shapes, ``"dynamic"`` when Inductor compiled it once for all), ``choices``
-    (``{graph: {"kernels", "how", "ms"}}``: the kernels ``kernels="auto"`` chose for each
-    graph, how, and each race's median milliseconds without and with the kernels it
-    tried: ``"+family"`` added to those taken before, ``"confirm"`` all taken against none)."""
+    (``{graph: {"kernels", "compiler", "inductor", "how", "ms"}}``: how ``kernels="auto"``
+    runs each graph (its kernels; ``"inductor"`` or ``"eager"``; the Inductor settings
+    it compiles with), how that was chosen, and each race's median milliseconds:
+    ``"+family"`` without and with the family added to those taken before, ``"confirm"``
+    none against all taken, ``"-layout_optimization"`` with and without Inductor's layout
+    optimization, ``"eager"`` compiled against eager; see :mod:`tessera.graph.choose`)."""
     return copy.deepcopy(_stats)
 
 
@@ -322,9 +325,10 @@ COMPILERS = ("inductor", "xla")
 class Options:
     """What ``torch.compile(..., backend="tessera", options=...)`` asked for."""
 
-    compiler: str  # after substitution: "inductor" or "xla"
+    compiler: str  # after substitution: "inductor" or "xla" ("eager" when auto chose it)
     kernels: frozenset  # the kernels graph mode may substitute
     auto: bool = False  # substitute only those that make the graph faster (measured)
+    inductor: tuple = ()  # Inductor config settings, as (name, value) pairs
 
 
 def _options(options) -> Options:
@@ -493,6 +497,9 @@ def _substitute_and_compile(gm: torch.fx.GraphModule, example_inputs, name: str,
 
     if chosen.auto:
         chosen = _choose(gm, example_inputs, name, chosen)
+    if chosen.compiler == "eager":
+        _debug(f"{name}: runs eagerly (faster than compiled)")
+        return gm.forward
     _dump(f"{name}.fx_before.py", gm.code)
     report = patterns.substitute(gm, _constant_evaluator(gm, example_inputs), chosen.kernels)
     _dump(f"{name}.fx_after.py", gm.code)
@@ -506,7 +513,7 @@ def _substitute_and_compile(gm: torch.fx.GraphModule, example_inputs, name: str,
     )
 
     if chosen.compiler == "inductor":
-        return _inductor(gm, example_inputs, name, report)
+        return _inductor(gm, example_inputs, name, report, dict(chosen.inductor))
 
     def xla(kind):
         return lambda g, ex: _compile(g, ex, name=f"{name}.{kind}")
@@ -517,9 +524,9 @@ def _substitute_and_compile(gm: torch.fx.GraphModule, example_inputs, name: str,
 
 
 def _choose(gm: torch.fx.GraphModule, example_inputs, name: str, chosen: Options) -> Options:
-    """``chosen`` with the kernels that make ``gm`` faster under Inductor
-    (:func:`choose.choose`), recorded in ``graph_stats()["choices"]``; every kernel if
-    measuring fails."""
+    """``chosen`` with the kernels, compiler and Inductor settings that make ``gm``
+    fastest (:func:`choose.choose`), recorded in ``graph_stats()["choices"]``; every
+    kernel under Inductor's defaults if measuring fails."""
     from torch._inductor.compile_fx import compile_fx
 
     def substituted(kernels):
@@ -527,10 +534,10 @@ def _choose(gm: torch.fx.GraphModule, example_inputs, name: str, chosen: Options
         work = _copy(gm)
         return work, patterns.substitute(work, _constant_evaluator(work, example_inputs), kernels).substituted
 
-    def compile_with(kernels):
+    def compile_with(kernels, settings):
         work, _ = substituted(kernels)
         with torch._functorch.config.patch(enable_autograd_cache=False):
-            return compile_fx(work, example_inputs)
+            return compile_fx(work, example_inputs, inner_compile=_inner_compile(settings))
 
     try:
         present = choose.families(gm, lambda kernels: substituted(kernels)[1])
@@ -538,13 +545,25 @@ def _choose(gm: torch.fx.GraphModule, example_inputs, name: str, chosen: Options
     except Exception as e:  # noqa: BLE001 - the graph is still compiled, with every kernel
         choice = choose.Choice(chosen.kernels, f"not measured ({_cause(e)}): every kernel taken")
     _stats["choices"][name] = choice.record()
-    _debug(f"{name}: kernels {sorted(choice.kernels) or 'none'} ({choice.how})")
-    return Options(chosen.compiler, choice.kernels)
+    _debug(f"{name}: {choice.compiler}, kernels {sorted(choice.kernels) or 'none'} ({choice.how})")
+    return Options(choice.compiler, choice.kernels, inductor=tuple(sorted(choice.inductor.items())))
 
 
-def _inductor(gm: torch.fx.GraphModule, example_inputs, name: str, report):
-    """The substituted graph compiled by Inductor, run eagerly from then on if a run
-    fails. The kernels are counted in the forward and backward graphs Inductor compiles;
+def _inner_compile(settings: dict):
+    """Inductor's ``compile_fx_inner`` under config ``settings``, for the forward graph
+    now and the backward at its first run (outside the caller's config patch)."""
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    def inner(graph_module, *args, **kwargs):
+        with torch._inductor.config.patch(settings):
+            return compile_fx_inner(graph_module, *args, **kwargs)
+
+    return inner
+
+
+def _inductor(gm: torch.fx.GraphModule, example_inputs, name: str, report, settings: dict):
+    """The substituted graph compiled by Inductor under config ``settings``, run eagerly
+    from then on if a run fails. The kernels are counted in the forward and backward graphs Inductor compiles;
     its FX graph cache serves them (hits and misses in ``graph_stats()["inductor_cache"]``),
     while AOTAutograd's cache, which would skip those graphs, is off for these compiles."""
     from torch._dynamo.utils import counters
@@ -557,7 +576,8 @@ def _inductor(gm: torch.fx.GraphModule, example_inputs, name: str, report):
         for op, n in _kernel_nodes(graph_module.graph).items():
             _stats["kernels"][op] = _stats["kernels"].get(op, 0) + n
         before = {key: counters[key[0]][key[1]] for key in _INDUCTOR_COUNTERS}
-        compiled = compile_fx_inner(graph_module, *args, **kwargs)
+        with torch._inductor.config.patch(settings):  # outside the caller's patch for the backward
+            compiled = compile_fx_inner(graph_module, *args, **kwargs)
         for key, stat in _INDUCTOR_COUNTERS.items():
             _stats["inductor_cache"][stat] += counters[key[0]][key[1]] - before[key]
         return compiled

@@ -1,18 +1,26 @@
-"""Which kernels a graph takes under ``kernels="auto"`` (the default on the Inductor
-path): a kernel family is substituted only where it makes the compiled graph faster.
+"""How a graph runs under ``kernels="auto"`` (the default on the Inductor path): which
+kernel families are substituted, how Inductor compiles it, or whether it runs eagerly
+after all. Every choice is measured; nothing is taken that does not make the graph
+faster.
 
-Each family the passes would substitute in a graph is tried in the passes' order: the
-graph with it added to the families already taken is compiled by Inductor and raced
-against the graph without it (calls alternating on the example inputs, medians); it is
-kept when it is faster by more than :data:`MARGIN`. What was kept must then win a
-second race, against the graph with no kernels, by the same margin, or nothing is
-taken. Families that only win inside a
-fusion Inductor would have made, or lose to Inductor's own code, are left out.
+1. Kernels. Each family the passes would substitute in a graph is tried in the
+   passes' order: the graph with it added to the families already taken is compiled by
+   Inductor and raced against the graph without it (calls alternating on the example
+   inputs, medians); it is kept when it is faster by more than :data:`MARGIN`. What was
+   kept must then win a second race, against the graph with no kernels, by the same
+   margin, or nothing is taken. Families that only win inside a fusion Inductor would
+   have made, or lose to Inductor's own code, are left out.
+2. Inductor's layout optimization, for a graph with convolutions: Inductor turns their
+   activations channels-last, which on some CPUs is slower than the contiguous layout
+   (the zoo's ResNet-18: 1.45x eager's time). The graph compiled without it races the
+   graph with it, and is taken when faster by the margin.
+3. Eager. The compiled graph races the graph run eagerly (no kernels, no compiler); a
+   graph eager runs faster by the margin runs eagerly.
 
 The decision is stored per graph (its code and input types), machine and Tessera
 version in the cache directory (``graph-choices/``; ``TESSERA_TUNE=off`` ignores it), so
 a later process compiles the chosen graph only. ``graph_stats()["choices"]`` gives each
-graph's kernels, how they were chosen and the timings.
+graph's kernels, compiler, Inductor settings, how they were chosen and the timings.
 """
 
 import json
@@ -36,32 +44,40 @@ ROUNDS, BUDGET_S, MAX_ROUNDS = 7, 1.0, 100
 
 @dataclass
 class Choice:
-    """The kernels one graph takes, and why."""
+    """How one graph runs, and why."""
 
     kernels: frozenset
     how: str  # "measured", "stored", or why nothing was measured
     # per race, ms without and with: "+family" (added to those taken before it), "confirm"
-    # (everything taken against nothing)
+    # (everything taken against nothing), "-layout_optimization" (Inductor's layout
+    # optimization off), "eager" (compiled against eager)
     ms: dict = field(default_factory=dict)
+    compiler: str = "inductor"  # or "eager"
+    inductor: dict = field(default_factory=dict)  # Inductor config settings it compiles with
 
     def record(self) -> dict:
         """The entry of ``graph_stats()["choices"]``."""
-        return {"kernels": sorted(self.kernels), "how": self.how, "ms": dict(self.ms)}
+        return {
+            "kernels": sorted(self.kernels),
+            "compiler": self.compiler,
+            "inductor": dict(self.inductor),
+            "how": self.how,
+            "ms": dict(self.ms),
+        }
 
 
 def choose(
     gm: torch.fx.GraphModule,
     example_inputs,
     present: list,
-    compile_with: Callable[[frozenset], Callable],
+    compile_with: Callable[[frozenset, dict], Callable],
     log: Callable[[str], None],
 ) -> Choice:
-    """The families of ``present`` (those the passes substitute in ``gm``) that earn
-    their place. ``compile_with(kernels)`` compiles the graph with ``kernels``
-    substituted."""
+    """How ``gm`` runs fastest: the families of ``present`` (those the passes substitute
+    in ``gm``) that earn their place, Inductor's settings, or eager.
+    ``compile_with(kernels, settings)`` compiles the graph with ``kernels`` substituted
+    under Inductor config ``settings``."""
     every = frozenset(present)
-    if not present:
-        return Choice(every, "nothing to substitute")
     why_not = _unmeasurable(gm, example_inputs)
     if why_not:
         return Choice(every, f"not measured ({why_not}): every kernel taken")
@@ -70,11 +86,38 @@ def choose(
     if stored is not None:
         return stored
     inputs = [_concrete(a) for a in example_inputs]
+    log(f"measuring how to run the graph ({', '.join(present) or 'no kernels to substitute'})")
+    taken, best, ms = _kernels(present, inputs, compile_with, log)
+    best, settings = best or compile_with(taken, {}), {}
+    if _has_convolution(gm):
+        plain = {"layout_optimization": False}
+        candidate = compile_with(taken, plain)
+        with_it, without = _race([best, candidate], inputs)
+        ms["-layout_optimization"] = [round(with_it, 4), round(without, 4)]
+        log(f"layout optimization: {with_it:.3f} ms; without: {without:.3f} ms")
+        if without < with_it * (1 - MARGIN):
+            best, settings = candidate, plain
+    compiled, eager = _race([best, gm.forward], inputs)
+    ms["eager"] = [round(compiled, 4), round(eager, 4)]
+    log(f"compiled: {compiled:.3f} ms; eager: {eager:.3f} ms")
+    if eager < compiled * (1 - MARGIN):
+        choice = Choice(frozenset(), "measured", ms, "eager")
+    else:
+        choice = Choice(taken, "measured", ms, "inductor", settings)
+    _store(key, choice)
+    return choice
+
+
+def _kernels(present: list, inputs: list, compile_with, log) -> tuple:
+    """The families of ``present`` that win their race and the confirming one (step 1
+    of the module's doc), the graph compiled with them (None if nothing was compiled),
+    and the races' medians."""
     taken, ms = frozenset(), {}
-    log(f"measuring which of {', '.join(present)} to substitute ({len(present) + 1} compiles)")
-    plain = best = compile_with(taken)
+    if not present:
+        return taken, None, ms
+    plain = best = compile_with(taken, {})
     for family in present:
-        candidate = compile_with(taken | {family})
+        candidate = compile_with(taken | {family}, {})
         without, with_it = _race([best, candidate], inputs)
         ms[f"+{family}"] = [round(without, 4), round(with_it, 4)]
         log(f"{'+'.join(sorted(taken)) or 'none'}: {without:.3f} ms; with {family}: {with_it:.3f} ms")
@@ -87,10 +130,13 @@ def choose(
         ms["confirm"] = [round(without, 4), round(with_them, 4)]
         log(f"none: {without:.3f} ms; with {'+'.join(sorted(taken))}: {with_them:.3f} ms")
         if not with_them < without * (1 - MARGIN):
-            taken = frozenset()
-    choice = Choice(taken, "measured", ms)
-    _store(key, choice)
-    return choice
+            taken, best = frozenset(), plain
+    return taken, best, ms
+
+
+def _has_convolution(gm: torch.fx.GraphModule) -> bool:
+    """Whether Inductor's layout optimization (channels-last convolutions) applies."""
+    return any(n.op in ("call_function", "call_method") and "conv" in str(_name(n)) for n in gm.graph.nodes)
 
 
 def _unmeasurable(gm: torch.fx.GraphModule, example_inputs) -> str:
@@ -182,12 +228,14 @@ def _stored(key: str, every: frozenset):
     if text is None:
         return None
     entry = json.loads(text)
-    return Choice(frozenset(entry["kernels"]) & every, "stored", entry["ms"])
+    kernels = frozenset(entry["kernels"]) & every
+    return Choice(kernels, "stored", entry["ms"], entry.get("compiler", "inductor"), entry.get("inductor", {}))
 
 
 def _store(key: str, choice: Choice) -> None:
+    entry = {k: v for k, v in choice.record().items() if k != "how"}
     try:
-        _tessera.store_graph_choice(key, json.dumps({"kernels": sorted(choice.kernels), "ms": choice.ms}))
+        _tessera.store_graph_choice(key, json.dumps(entry))
     except OSError as e:
         warnings.warn(f"tessera: the kernel choice is not kept ({e}): it is measured again next time", stacklevel=2)
 
