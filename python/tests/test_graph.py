@@ -150,6 +150,7 @@ def test_auto_keeps_the_kernels_that_win_their_race_and_stores_the_choice(monkey
         "kernels": ["flash_attention", "swiglu"],
         "compiler": "inductor",
         "inductor": {},
+        "training": True,
         "how": "measured",
         "ms": {
             "+flash_attention": [1.0, 0.5],
@@ -218,6 +219,33 @@ def test_auto_compiles_without_inductors_layout_optimization_where_that_wins(mon
     got = torch.compile(net, backend="tessera", options={"kernels": "auto"})(x)
     got.sum().backward()
     assert settings == [False, False], settings
+
+
+def test_auto_times_a_training_graph_forward_and_backward(monkeypatch, tmp_path):
+    from tessera.graph import choose
+
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    modes = []
+
+    def race(runs, inputs):  # runs each candidate once, as the real race would
+        modes.append(torch.is_grad_enabled())
+        for run in runs:
+            run(*inputs)
+        return [1.0, 1.0]
+
+    monkeypatch.setattr(choose, "_race", race)
+    block, x = _Block(), torch.randn(2, 8, 32)
+    choice, _ = _auto(block, x)  # the block's weights require gradients
+    assert (choice["how"], choice["training"]) == ("measured", True), choice
+    assert modes and all(modes), modes
+    modes.clear()
+    torch._dynamo.reset()
+    tessera.reset_graph_stats()
+    with torch.no_grad():
+        torch.compile(block, backend="tessera", options={"kernels": "auto"})(x)
+    (choice,) = tessera.graph_stats()["choices"].values()
+    assert (choice["how"], choice["training"]) == ("measured", False), choice  # stored apart
+    assert modes and not any(modes), modes
 
 
 def test_auto_measures_real_timings_and_takes_what_it_chose(monkeypatch, tmp_path):

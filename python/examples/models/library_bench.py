@@ -9,7 +9,8 @@ up, then called in turn for ``--runs`` rounds, each round in a rotated order (so
 a slow spell of the machine nor going first or last favours one). ``--xla`` adds
 the XLA path (``options={"compiler": "xla"}``), timed after them; it slows the others
 in the same process (XLA's CPU client keeps threads busy), so its run is separate. Prints
-the kernels ``auto`` took (and whether it measured or read its choice) and the medians;
+the kernels ``auto`` took (whether it measured or read its choice, and the graphs it
+runs eagerly or compiles without Inductor's layout optimization) and the medians;
 ratios below 1 mean tessera is faster.
 
     .venv/bin/python python/examples/models/library_bench.py [--runs 10] [--models llama,vit]
@@ -64,7 +65,7 @@ def row(name, runs, xla):
             if label == "tessera":
                 stats = tessera.graph_stats()
                 out["kernels"] = ", ".join(f"{k} x{n}" for k, n in sorted(stats["kernels"].items())) or "none"
-                out["how"] = ", ".join(sorted({c["how"].split(" (")[0] for c in stats["choices"].values()}))
+                out["how"] = _how(stats["choices"].values())
                 out["eager graphs"] = len(
                     [k for k in stats["fallbacks"] if k.startswith("graph ") or k.endswith((".forward", ".backward"))]
                 )
@@ -78,6 +79,18 @@ def row(name, runs, xla):
                     times[label].append(time.perf_counter() - start)
     out.update({label: 1e3 * statistics.median(t) for label, t in times.items()})
     return out
+
+
+def _how(choices) -> str:
+    """How ``auto`` decided (measured or stored), and the graphs it runs eagerly or
+    compiles without Inductor's layout optimization."""
+    choices = list(choices)
+    parts = sorted({c["how"].split(" (")[0] for c in choices})
+    eager = sum(c.get("compiler") == "eager" for c in choices)
+    plain = sum(c.get("inductor", {}).get("layout_optimization") is False for c in choices)
+    parts += [f"{eager} graphs eager"] if eager else []
+    parts += [f"{plain} graphs without layout optimization"] if plain else []
+    return ", ".join(parts)
 
 
 def main():

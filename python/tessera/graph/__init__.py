@@ -75,9 +75,10 @@ def graph_stats() -> dict:
     (``{kernel: calls in compiled graphs}``), ``fallbacks`` (``{op or pattern:
     reason}``), ``shapes`` (``{graph: shapes compiled}`` for graphs with
     dynamic shapes, ``"dynamic"`` when Inductor compiled it once for all), ``choices``
-    (``{graph: {"kernels", "compiler", "inductor", "how", "ms"}}``: how ``kernels="auto"``
-    runs each graph (its kernels; ``"inductor"`` or ``"eager"``; the Inductor settings
-    it compiles with), how that was chosen, and each race's median milliseconds:
+    (``{graph: {"kernels", "compiler", "inductor", "training", "how", "ms"}}``: how
+    ``kernels="auto"`` runs each graph (its kernels; ``"inductor"`` or ``"eager"``; the
+    Inductor settings it compiles with), whether the races timed forward and backward,
+    how that was chosen, and each race's median milliseconds:
     ``"+family"`` without and with the family added to those taken before, ``"confirm"``
     none against all taken, ``"-layout_optimization"`` with and without Inductor's layout
     optimization, ``"eager"`` compiled against eager; see :mod:`tessera.graph.choose`)."""
@@ -536,7 +537,9 @@ def _choose(gm: torch.fx.GraphModule, example_inputs, name: str, chosen: Options
 
     def compile_with(kernels, settings):
         work, _ = substituted(kernels)
-        with torch._functorch.config.patch(enable_autograd_cache=False):
+        # The backward is compiled now: a race that runs it must not compile it inside
+        # the compile of the graph the race is for.
+        with torch._functorch.config.patch(enable_autograd_cache=False, force_non_lazy_backward_lowering=True):
             return compile_fx(work, example_inputs, inner_compile=_inner_compile(settings))
 
     try:

@@ -17,6 +17,10 @@ faster.
 3. Eager. The compiled graph races the graph run eagerly (no kernels, no compiler); a
    graph eager runs faster by the margin runs eagerly.
 
+A graph compiled with gradients on and inputs that require them (training) is timed
+forward and backward (the gradients of its outputs for those inputs); any other graph,
+forward only.
+
 The decision is stored per graph (its code and input types), machine and Tessera
 version in the cache directory (``graph-choices/``; ``TESSERA_TUNE=off`` ignores it), so
 a later process compiles the chosen graph only. ``graph_stats()["choices"]`` gives each
@@ -54,6 +58,7 @@ class Choice:
     ms: dict = field(default_factory=dict)
     compiler: str = "inductor"  # or "eager"
     inductor: dict = field(default_factory=dict)  # Inductor config settings it compiles with
+    training: bool = False  # the races timed forward and backward
 
     def record(self) -> dict:
         """The entry of ``graph_stats()["choices"]``."""
@@ -61,6 +66,7 @@ class Choice:
             "kernels": sorted(self.kernels),
             "compiler": self.compiler,
             "inductor": dict(self.inductor),
+            "training": self.training,
             "how": self.how,
             "ms": dict(self.ms),
         }
@@ -86,7 +92,27 @@ def choose(
     if stored is not None:
         return stored
     inputs = [_concrete(a) for a in example_inputs]
+    # A graph compiled with gradients on (training) is timed forward and backward.
+    wrt = [a for a in inputs if isinstance(a, torch.Tensor) and a.requires_grad] if torch.is_grad_enabled() else []
+    step = (lambda run: _with_backward(run, wrt)) if wrt else (lambda run: run)
     log(f"measuring how to run the graph ({', '.join(present) or 'no kernels to substitute'})")
+    with torch.set_grad_enabled(bool(wrt)):
+        compile_step = lambda kernels, settings: step(compile_with(kernels, settings))  # noqa: E731
+        taken, settings, best, ms = _compiled(gm, present, inputs, compile_step, log)
+        compiled, eager = _race([best, step(gm.forward)], inputs)
+    ms["eager"] = [round(compiled, 4), round(eager, 4)]
+    log(f"compiled: {compiled:.3f} ms; eager: {eager:.3f} ms")
+    if eager < compiled * (1 - MARGIN):
+        choice = Choice(frozenset(), "measured", ms, "eager", training=bool(wrt))
+    else:
+        choice = Choice(taken, "measured", ms, "inductor", settings, bool(wrt))
+    _store(key, choice)
+    return choice
+
+
+def _compiled(gm: torch.fx.GraphModule, present: list, inputs: list, compile_with, log) -> tuple:
+    """How the graph is compiled best (steps 1 and 2 of the module's doc): the kernels
+    taken, the Inductor settings, the graph compiled so, and the races' medians."""
     taken, best, ms = _kernels(present, inputs, compile_with, log)
     best, settings = best or compile_with(taken, {}), {}
     if _has_convolution(gm):
@@ -97,15 +123,20 @@ def choose(
         log(f"layout optimization: {with_it:.3f} ms; without: {without:.3f} ms")
         if without < with_it * (1 - MARGIN):
             best, settings = candidate, plain
-    compiled, eager = _race([best, gm.forward], inputs)
-    ms["eager"] = [round(compiled, 4), round(eager, 4)]
-    log(f"compiled: {compiled:.3f} ms; eager: {eager:.3f} ms")
-    if eager < compiled * (1 - MARGIN):
-        choice = Choice(frozenset(), "measured", ms, "eager")
-    else:
-        choice = Choice(taken, "measured", ms, "inductor", settings)
-    _store(key, choice)
-    return choice
+    return taken, settings, best, ms
+
+
+def _with_backward(run: Callable, wrt: list) -> Callable:
+    """``run``, then the gradients of its outputs (ones as theirs) for ``wrt``."""
+
+    def step(*inputs):
+        outputs = [
+            o for o in torch.utils._pytree.tree_leaves(run(*inputs)) if isinstance(o, torch.Tensor) and o.requires_grad
+        ]
+        if outputs:
+            torch.autograd.grad(outputs, wrt, [torch.ones_like(o) for o in outputs], allow_unused=True)
+
+    return step
 
 
 def _kernels(present: list, inputs: list, compile_with, log) -> tuple:
@@ -188,9 +219,9 @@ def _concrete(a):
 
 def _race(runs: list, inputs: list) -> list:
     """Median milliseconds of each of ``runs`` on ``inputs``: alternating calls (the order
-    turns every round), without gradients, the random state restored afterwards."""
+    turns every round), the random state restored afterwards."""
     times = [[] for _ in runs]
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]):
         for run in runs:
             run(*inputs)
             run(*inputs)
@@ -207,13 +238,14 @@ def _race(runs: list, inputs: list) -> list:
 
 def _key(gm: torch.fx.GraphModule, example_inputs, present: list) -> str:
     """What a stored choice is kept under: the graph's code, its inputs' types, the
-    families it could take and the PyTorch version (the machine and Tessera's version
-    are added by the store)."""
+    families it could take, the PyTorch version, thread count and whether gradients are
+    on (the machine and Tessera's version are added by the store)."""
     inputs = [
         (tuple(a.shape), a.stride(), str(a.dtype), a.requires_grad) if isinstance(a, torch.Tensor) else repr(a)
         for a in example_inputs
     ]
-    return "\n".join([gm.code, repr(inputs), ",".join(present), torch.__version__, str(torch.get_num_threads())])
+    versions = [torch.__version__, str(torch.get_num_threads()), f"grad={torch.is_grad_enabled()}"]
+    return "\n".join([gm.code, repr(inputs), ",".join(present), *versions])
 
 
 def _stored(key: str, every: frozenset):
@@ -229,7 +261,8 @@ def _stored(key: str, every: frozenset):
         return None
     entry = json.loads(text)
     kernels = frozenset(entry["kernels"]) & every
-    return Choice(kernels, "stored", entry["ms"], entry.get("compiler", "inductor"), entry.get("inductor", {}))
+    compiler, settings = entry.get("compiler", "inductor"), entry.get("inductor", {})
+    return Choice(kernels, "stored", entry["ms"], compiler, settings, entry.get("training", False))
 
 
 def _store(key: str, choice: Choice) -> None:
