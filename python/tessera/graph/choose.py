@@ -52,9 +52,10 @@ class Choice:
 
     kernels: frozenset
     how: str  # "measured", "stored", or why nothing was measured
-    # per race, ms without and with: "+family" (added to those taken before it), "confirm"
-    # (everything taken against nothing), "-layout_optimization" (Inductor's layout
-    # optimization off), "eager" (compiled against eager)
+    # per race, its two candidates' medians (ms): "+family" without and with the family
+    # (added to those taken before it), "confirm" nothing and everything taken,
+    # "-layout_optimization" with and without Inductor's layout optimization, "eager"
+    # compiled and eager
     ms: dict = field(default_factory=dict)
     compiler: str = "inductor"  # or "eager"
     inductor: dict = field(default_factory=dict)  # Inductor config settings it compiles with
@@ -167,7 +168,8 @@ def _kernels(present: list, inputs: list, compile_with, log) -> tuple:
 
 def _has_convolution(gm: torch.fx.GraphModule) -> bool:
     """Whether Inductor's layout optimization (channels-last convolutions) applies."""
-    return any(n.op in ("call_function", "call_method") and "conv" in str(_name(n)) for n in gm.graph.nodes)
+    names = (str(_name(n)) for n in gm.graph.nodes if n.op in ("call_function", "call_method"))
+    return any(name.startswith("conv") and not name.startswith("convert") for name in names)
 
 
 def _unmeasurable(gm: torch.fx.GraphModule, example_inputs) -> str:
