@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 use kernel_ir::{Array, Kernel, MemorySpace};
 use kernels::tuning::{self, Candidate};
-use kernels::{compare, LibraryKernel, Params};
+use kernels::{compare, LibraryKernel, ParamValue, Params};
 use lowering::tpu_rules::{self, TpuLimits};
 use runtime::tune::{Store, TuneKey, TuneTarget, Tuned};
 use runtime::Backend;
@@ -297,7 +297,7 @@ impl<'a> Search<'a> {
     fn evaluate(&mut self, candidate: &Candidate, current: bool) -> Outcome {
         let mut p = self.base.clone();
         for (name, value) in candidate {
-            p.set(name, value.to_string())
+            p.set_value(name, ParamValue::Int(*value))
                 .expect("tunables are parameters");
         }
         let kernels = match self.k.build(&p) {

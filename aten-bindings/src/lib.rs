@@ -143,12 +143,10 @@ fn call_op(
             .collect::<Result<_, _>>()?;
         let refs: Vec<(&Tensor, TensorType)> =
             inputs.iter().map(|(t, ty)| (t, ty.clone())).collect();
-        let params: Vec<String> = plan
-            .params
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
-        let (outs, used) = call(plan.kernel, &params, &refs, backend)?;
+        let k = kernels::find(plan.kernel)
+            .ok_or_else(|| kernel_error(name, "the plan names no library kernel"))?;
+        let p = Params::from_values(k.params(), &plan.params).map_err(|e| kernel_error(name, e))?;
+        let (outs, used) = call(k, &p, &refs, backend)?;
         let outs: Vec<Tensor> = outs
             .iter()
             .zip(&results)
@@ -252,13 +250,13 @@ fn run_library(
 /// (same element count). A single-kernel op that runs natively on f32 tensors reads and
 /// writes the tensors' storage in place; anything else goes through host arrays.
 fn call(
-    name: &'static str,
-    params: &[String],
+    k: &'static dyn kernels::LibraryKernel,
+    p: &Params,
     inputs: &[(&Tensor, TensorType)],
     backend: Backend,
 ) -> Result<(Vec<Tensor>, Backend), Error> {
-    let (k, p) = library(name, params)?;
-    let built = k.build(&p).map_err(|e| kernel_error(name, e))?;
+    let name = k.name();
+    let built = k.build(p).map_err(|e| kernel_error(name, e))?;
     if let [kernel] = built.as_slice() {
         let f32_only = kernel
             .input_types()
@@ -292,7 +290,7 @@ fn call(
         .iter()
         .map(|(t, ty)| to_array_as(t, ty.clone()))
         .collect();
-    let (out, used) = run_library(k, &p, &arrays, backend)?;
+    let (out, used) = run_library(k, p, &arrays, backend)?;
     Ok((out.iter().map(tensor).collect(), used))
 }
 

@@ -257,7 +257,7 @@ fn per_sequence_sdpa_backward(t: &[Tensor], p: &Params) -> Vec<Tensor> {
 /// Whether attention has a sliding window, a soft-cap or a score mask, which PyTorch's
 /// flash SDPA kernels do not take.
 fn masked_or_capped(p: &Params) -> bool {
-    window(p).is_some() || softcap(p).is_some() || p.get("mask").is_some_and(|m| m != "none")
+    window(p).is_some() || softcap(p).is_some() || p.word("mask").is_ok_and(|m| m != "none")
 }
 
 /// Attention with a sliding window and soft-capping the way a PyTorch user computes it:

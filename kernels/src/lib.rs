@@ -24,7 +24,7 @@ pub use kernel_ir::chain::{self, Chain, Source, Step};
 pub use matmul::{Matmul, MatmulConfig};
 pub use norms::{LayerNorm, NormConfig, RmsNorm};
 pub use paged_attention::{check_block_tables, PagedAttention, PagedAttentionConfig};
-pub use params::{ParamDef, ParamError, Params};
+pub use params::{Kind, ParamDef, ParamError, ParamValue, Params};
 pub use rope::{Rope, RopeConfig};
 pub use softmax::{Softmax, SoftmaxConfig};
 pub use swiglu::{Swiglu, SwigluConfig};

@@ -9,7 +9,7 @@ use crate::common::{block, load_tile, pid, random_array, store_tile, tolerance_f
 use crate::torch_op::{
     py_shape, Args, Axis, Dim, OpSpec, Out, Placement, Plan, ResultDtype, Shape, Split,
 };
-use crate::{BoxError, Op, ParamDef, Params, Tolerance, Tunable};
+use crate::{BoxError, Kind, Op, ParamDef, ParamValue, Params, Tolerance, Tunable};
 
 /// Shapes and block sizes of a matmul (block sizes already clamped to the shapes).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -94,36 +94,43 @@ pub struct Matmul;
 const PARAMS: &[ParamDef] = &[
     ParamDef {
         name: "m",
+        kind: Kind::Dim,
         default: "256",
         help: "rows of x",
     },
     ParamDef {
         name: "k",
+        kind: Kind::Dim,
         default: "256",
         help: "columns of x / rows of y",
     },
     ParamDef {
         name: "n",
+        kind: Kind::Dim,
         default: "256",
         help: "columns of y",
     },
     ParamDef {
         name: "bm",
+        kind: Kind::Dim,
         default: "128",
         help: "block rows",
     },
     ParamDef {
         name: "bk",
+        kind: Kind::Dim,
         default: "256",
         help: "block depth",
     },
     ParamDef {
         name: "bn",
+        kind: Kind::Dim,
         default: "256",
         help: "block columns",
     },
     ParamDef {
         name: "dtype",
+        kind: Kind::DType,
         default: "f32",
         help: "f32, bf16 or f16 (f32 accumulation)",
     },
@@ -259,10 +266,10 @@ pub(crate) const TORCH_OP: OpSpec = OpSpec {
         Ok(Plan {
             kernel: "matmul",
             params: vec![
-                ("m", m.to_string()),
-                ("k", k.to_string()),
-                ("n", n.to_string()),
-                ("dtype", x.dtype.to_string()),
+                ("m", ParamValue::Int(m)),
+                ("k", ParamValue::Int(k)),
+                ("n", ParamValue::Int(n)),
+                ("dtype", ParamValue::DType(x.dtype)),
             ],
             inputs: vec![x.operand(), y.operand()],
             outputs: vec![vec![m, n]],

@@ -7,7 +7,7 @@ use kernel_macros::kernel;
 use crate::common::{block, pid, random_array, room_f64, tolerance_for, zero};
 use crate::softmax::{ROW_PARAMS, ROW_TUNABLE};
 use crate::torch_op::{row_plan, Args, OpSpec, Out, Plan, Value, ROWS};
-use crate::{BoxError, Op, ParamDef, Params, Tolerance, Tunable};
+use crate::{BoxError, Kind, Op, ParamDef, Params, Tolerance, Tunable};
 
 /// Shape, blocking and epsilon of a norm.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -52,6 +52,7 @@ const NORM_PARAMS: &[ParamDef] = &[
     ROW_PARAMS[3],
     ParamDef {
         name: "eps",
+        kind: Kind::FloatOpt,
         default: "1e-5",
         help: "added to the variance",
     },

@@ -26,7 +26,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::common::{built, pid, random_array, tolerance_for, zero, zeros_f64};
 use crate::torch_op::{f32_or_bf16, py_shape, Args, Axis, OpSpec, Out, Placement, Plan, Split};
-use crate::{BoxError, Exec, Op, ParamDef, Params, Tolerance};
+use crate::{BoxError, Exec, Kind, Op, ParamDef, ParamValue, Params, Tolerance};
 
 /// Shapes of a paged-attention call.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -54,46 +54,55 @@ pub struct PagedAttentionConfig {
 const PARAMS: &[ParamDef] = &[
     ParamDef {
         name: "batch",
+        kind: Kind::Dim,
         default: "4",
         help: "sequences (one query token each)",
     },
     ParamDef {
         name: "heads",
+        kind: Kind::Dim,
         default: "16",
         help: "query heads",
     },
     ParamDef {
         name: "kv_heads",
+        kind: Kind::Dim,
         default: "2",
         help: "key/value heads (GQA when fewer)",
     },
     ParamDef {
         name: "head_dim",
+        kind: Kind::Dim,
         default: "128",
         help: "head dim",
     },
     ParamDef {
         name: "page_size",
+        kind: Kind::Dim,
         default: "16",
         help: "tokens per page",
     },
     ParamDef {
         name: "num_pages",
+        kind: Kind::Dim,
         default: "128",
         help: "pages in the KV cache",
     },
     ParamDef {
         name: "max_pages",
+        kind: Kind::Dim,
         default: "32",
         help: "block-table slots per sequence",
     },
     ParamDef {
         name: "scale",
+        kind: Kind::FloatOpt,
         default: "none",
         help: "score scale (none: 1/sqrt(head_dim))",
     },
     ParamDef {
         name: "dtype",
+        kind: Kind::DType,
         default: "f32",
         help: "f32 or bf16 (f32 accumulation)",
     },
@@ -487,17 +496,17 @@ pub(crate) const TORCH_OP: OpSpec = OpSpec {
         }
         let max_pages = table.shape[1];
         let mut params = vec![
-            ("batch", b.to_string()),
-            ("heads", h.to_string()),
-            ("kv_heads", hkv.to_string()),
-            ("head_dim", d.to_string()),
-            ("page_size", ps.to_string()),
-            ("num_pages", pages.to_string()),
-            ("max_pages", max_pages.to_string()),
-            ("dtype", q.dtype.to_string()),
+            ("batch", ParamValue::Int(b)),
+            ("heads", ParamValue::Int(h)),
+            ("kv_heads", ParamValue::Int(hkv)),
+            ("head_dim", ParamValue::Int(d)),
+            ("page_size", ParamValue::Int(ps)),
+            ("num_pages", ParamValue::Int(pages)),
+            ("max_pages", ParamValue::Int(max_pages)),
+            ("dtype", ParamValue::DType(q.dtype)),
         ];
         if let Some(scale) = scale {
-            params.push(("scale", format!("{scale:?}")));
+            params.push(("scale", ParamValue::Float(scale)));
         }
         Ok(Plan {
             kernel: "paged_attention",

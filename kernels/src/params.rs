@@ -1,4 +1,7 @@
-//! Named kernel parameters (`m=256,causal=true,dtype=bf16`) with declared defaults.
+//! Named kernel parameters (`m=256,causal=true,dtype=bf16`) with declared kinds and
+//! defaults. A value is checked against its parameter's [`Kind`] where it enters (text
+//! from the command line, a custom call or the tuning store; a typed [`ParamValue`] from an
+//! op's plan) and kept typed; text is only its way in and out.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -10,10 +13,122 @@ use kernel_ir::DType;
 pub struct ParamDef {
     /// Name, as written on the command line.
     pub name: &'static str,
+    /// What its values are.
+    pub kind: Kind,
     /// Default value, as text.
     pub default: &'static str,
     /// What it means.
     pub help: &'static str,
+}
+
+/// What a parameter's values are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A positive integer: a size or a block.
+    Dim,
+    /// A non-negative integer, or `none`.
+    CountOpt,
+    /// A finite number, or `none`.
+    FloatOpt,
+    /// `true` or `false` (`1` and `0` read as them).
+    Flag,
+    /// A dtype's name (`f32`, `bf16`, ...).
+    DType,
+    /// One of these words.
+    OneOf(&'static [&'static str]),
+}
+
+/// A parameter's value.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ParamValue {
+    /// An integer ([`Kind::Dim`], [`Kind::CountOpt`]).
+    Int(u64),
+    /// A number ([`Kind::FloatOpt`]).
+    Float(f64),
+    /// A flag.
+    Flag(bool),
+    /// A dtype.
+    DType(DType),
+    /// One of a [`Kind::OneOf`]'s words.
+    Word(&'static str),
+    /// `none` ([`Kind::CountOpt`], [`Kind::FloatOpt`]).
+    Unset,
+}
+
+impl Kind {
+    /// `raw` as a value of this kind; `name` is the parameter's, for the error.
+    pub fn parse(self, name: &str, raw: &str) -> Result<ParamValue, ParamError> {
+        let bad = |what: &str| ParamError(format!("`{name}` must be {what}, got `{raw}`"));
+        let unset = matches!(raw, "none" | "");
+        match self {
+            Kind::Dim => match raw.parse::<u64>() {
+                Ok(v) if v > 0 => Ok(ParamValue::Int(v)),
+                _ => Err(bad("a positive integer")),
+            },
+            Kind::CountOpt if unset => Ok(ParamValue::Unset),
+            Kind::CountOpt => raw
+                .parse::<u64>()
+                .map(ParamValue::Int)
+                .map_err(|_| bad("a non-negative integer or none")),
+            Kind::FloatOpt if unset => Ok(ParamValue::Unset),
+            Kind::FloatOpt => raw
+                .parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite())
+                .map(ParamValue::Float)
+                .ok_or_else(|| bad("a number")),
+            Kind::Flag => match raw {
+                "true" | "1" => Ok(ParamValue::Flag(true)),
+                "false" | "0" => Ok(ParamValue::Flag(false)),
+                _ => Err(bad("true or false")),
+            },
+            Kind::DType => DType::from_name(raw)
+                .map(ParamValue::DType)
+                .ok_or_else(|| bad("a dtype (f32, bf16, f16, ...)")),
+            Kind::OneOf(words) => words
+                .iter()
+                .find(|w| **w == raw)
+                .map(|w| ParamValue::Word(w))
+                .ok_or_else(|| bad(&format!("one of {}", words.join(", ")))),
+        }
+    }
+
+    /// Whether `value` is one of this kind's values.
+    pub fn admits(self, value: &ParamValue) -> bool {
+        match (self, value) {
+            (Kind::Dim, ParamValue::Int(v)) => *v > 0,
+            (Kind::CountOpt, ParamValue::Int(_) | ParamValue::Unset) => true,
+            (Kind::FloatOpt, ParamValue::Float(v)) => v.is_finite(),
+            (Kind::FloatOpt, ParamValue::Unset) => true,
+            (Kind::Flag, ParamValue::Flag(_)) | (Kind::DType, ParamValue::DType(_)) => true,
+            (Kind::OneOf(words), ParamValue::Word(w)) => words.contains(w),
+            _ => false,
+        }
+    }
+}
+
+impl ParamValue {
+    /// The integer, if this is one.
+    pub fn as_int(&self) -> Option<u64> {
+        match self {
+            ParamValue::Int(v) => Some(*v),
+            _ => None,
+        }
+    }
+}
+
+/// The text a value parses back from (numbers in their shortest round-trip form).
+impl fmt::Display for ParamValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ParamValue::Int(v) => write!(f, "{v}"),
+            ParamValue::Float(v) => write!(f, "{v:?}"),
+            ParamValue::Flag(v) => write!(f, "{v}"),
+            ParamValue::DType(d) => f.write_str(d.name()),
+            ParamValue::Word(w) => f.write_str(w),
+            ParamValue::Unset => f.write_str("none"),
+        }
+    }
 }
 
 /// A bad parameter.
@@ -29,19 +144,25 @@ impl fmt::Display for ParamError {
 impl std::error::Error for ParamError {}
 
 /// Parameter values, defaults filled in.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct Params {
-    values: BTreeMap<&'static str, String>,
+    defs: &'static [ParamDef],
+    values: BTreeMap<&'static str, ParamValue>,
+}
+
+/// Equal values (of the same kernel's parameters).
+impl PartialEq for Params {
+    fn eq(&self, other: &Params) -> bool {
+        self.values == other.values
+    }
 }
 
 impl Params {
     /// The defaults of `defs`, overridden by `key=value` pairs (comma-separated lists
-    /// are accepted). Unknown keys are errors that list the known ones.
+    /// are accepted). Unknown keys and values not of their parameter's kind are errors
+    /// that name them.
     pub fn parse(defs: &'static [ParamDef], overrides: &[String]) -> Result<Params, ParamError> {
-        let mut values: BTreeMap<&'static str, String> = defs
-            .iter()
-            .map(|d| (d.name, d.default.to_string()))
-            .collect();
+        let mut p = Params::defaults(defs)?;
         for item in overrides
             .iter()
             .flat_map(|o| o.split(','))
@@ -50,16 +171,21 @@ impl Params {
             let (k, v) = item
                 .split_once('=')
                 .ok_or_else(|| ParamError(format!("`{item}` is not `name=value`")))?;
-            let def = defs.iter().find(|d| d.name == k.trim()).ok_or_else(|| {
-                let known: Vec<_> = defs.iter().map(|d| d.name).collect();
-                ParamError(format!(
-                    "unknown parameter `{k}`; known: {}",
-                    known.join(", ")
-                ))
-            })?;
-            values.insert(def.name, v.trim().to_string());
+            p.set(k.trim(), v.trim())?;
         }
-        Ok(Params { values })
+        Ok(p)
+    }
+
+    /// The defaults of `defs`, overridden by typed `values` (an op's plan).
+    pub fn from_values(
+        defs: &'static [ParamDef],
+        values: &[(&'static str, ParamValue)],
+    ) -> Result<Params, ParamError> {
+        let mut p = Params::defaults(defs)?;
+        for &(name, value) in values {
+            p.set_value(name, value)?;
+        }
+        Ok(p)
     }
 
     /// The defaults with some values replaced (for tests).
@@ -68,20 +194,53 @@ impl Params {
         Params::parse(defs, &overrides)
     }
 
-    /// The value of `name` as text, if it is a parameter.
-    pub fn get(&self, name: &str) -> Option<&str> {
-        self.values.get(name).map(String::as_str)
+    fn defaults(defs: &'static [ParamDef]) -> Result<Params, ParamError> {
+        let values = defs
+            .iter()
+            .map(|d| {
+                let value = d.kind.parse(d.name, d.default);
+                Ok((
+                    d.name,
+                    value.map_err(|e| ParamError(format!("default: {e}")))?,
+                ))
+            })
+            .collect::<Result<_, ParamError>>()?;
+        Ok(Params { defs, values })
     }
 
-    /// Replaces the value of parameter `name` (which must exist).
-    pub fn set(&mut self, name: &str, value: impl Into<String>) -> Result<(), ParamError> {
-        match self.values.get_mut(name) {
-            Some(v) => {
-                *v = value.into();
-                Ok(())
-            }
-            None => Err(ParamError(format!("unknown parameter `{name}`"))),
+    fn def(&self, name: &str) -> Result<&'static ParamDef, ParamError> {
+        self.defs.iter().find(|d| d.name == name).ok_or_else(|| {
+            let known: Vec<_> = self.defs.iter().map(|d| d.name).collect();
+            ParamError(format!(
+                "unknown parameter `{name}`; known: {}",
+                known.join(", ")
+            ))
+        })
+    }
+
+    /// The value of `name`, if it is a parameter.
+    pub fn get(&self, name: &str) -> Option<ParamValue> {
+        self.values.get(name).copied()
+    }
+
+    /// Replaces the value of parameter `name` by `raw` read as its kind.
+    pub fn set(&mut self, name: &str, raw: &str) -> Result<(), ParamError> {
+        let def = self.def(name)?;
+        self.values.insert(def.name, def.kind.parse(def.name, raw)?);
+        Ok(())
+    }
+
+    /// Replaces the value of parameter `name` by `value`, which must be of its kind.
+    pub fn set_value(&mut self, name: &str, value: ParamValue) -> Result<(), ParamError> {
+        let def = self.def(name)?;
+        if !def.kind.admits(&value) {
+            return Err(ParamError(format!(
+                "`{name}` must be a value of kind {:?}, got `{value}`",
+                def.kind
+            )));
         }
+        self.values.insert(def.name, value);
+        Ok(())
     }
 
     /// `name=value,...` without the parameters in `skip`: what a tuned configuration
@@ -96,21 +255,20 @@ impl Params {
         parts.join(",")
     }
 
-    fn raw(&self, name: &str) -> Result<&str, ParamError> {
-        self.values
-            .get(name)
-            .map(String::as_str)
+    fn value(&self, name: &str) -> Result<ParamValue, ParamError> {
+        self.get(name)
             .ok_or_else(|| ParamError(format!("missing parameter `{name}`")))
+    }
+
+    fn mismatch(name: &str, want: &str, got: ParamValue) -> ParamError {
+        ParamError(format!("`{name}` is not {want} (it holds `{got}`)"))
     }
 
     /// A positive integer.
     pub fn dim(&self, name: &str) -> Result<u64, ParamError> {
-        let raw = self.raw(name)?;
-        match raw.parse::<u64>() {
-            Ok(v) if v > 0 => Ok(v),
-            _ => Err(ParamError(format!(
-                "`{name}` must be a positive integer, got `{raw}`"
-            ))),
+        match self.value(name)? {
+            ParamValue::Int(v) if v > 0 => Ok(v),
+            other => Err(Params::mismatch(name, "a positive integer", other)),
         }
     }
 
@@ -125,64 +283,152 @@ impl Params {
         Ok((heads, kv_heads))
     }
 
-    /// A boolean (`true`/`false`/`1`/`0`).
+    /// A flag.
     pub fn flag(&self, name: &str) -> Result<bool, ParamError> {
-        match self.raw(name)? {
-            "true" | "1" => Ok(true),
-            "false" | "0" => Ok(false),
-            other => Err(ParamError(format!(
-                "`{name}` must be true or false, got `{other}`"
-            ))),
+        match self.value(name)? {
+            ParamValue::Flag(v) => Ok(v),
+            other => Err(Params::mismatch(name, "a flag", other)),
         }
     }
 
-    /// A non-negative integer (`none` gives `None`).
+    /// A non-negative integer, or `None` for `none`.
     pub fn count_opt(&self, name: &str) -> Result<Option<u64>, ParamError> {
-        match self.raw(name)? {
-            "none" | "" => Ok(None),
-            raw => raw.parse::<u64>().map(Some).map_err(|_| {
-                ParamError(format!(
-                    "`{name}` must be a non-negative integer or none, got `{raw}`"
-                ))
-            }),
+        match self.value(name)? {
+            ParamValue::Int(v) => Ok(Some(v)),
+            ParamValue::Unset => Ok(None),
+            other => Err(Params::mismatch(name, "an integer or none", other)),
         }
     }
 
-    /// A float (`none` gives `None`).
+    /// A number, or `None` for `none`.
     pub fn float_opt(&self, name: &str) -> Result<Option<f64>, ParamError> {
-        match self.raw(name)? {
-            "none" | "" => Ok(None),
-            raw => raw
-                .parse::<f64>()
-                .ok()
-                .filter(|v| v.is_finite())
-                .map(Some)
-                .ok_or_else(|| ParamError(format!("`{name}` must be a number, got `{raw}`"))),
+        match self.value(name)? {
+            ParamValue::Float(v) => Ok(Some(v)),
+            ParamValue::Unset => Ok(None),
+            other => Err(Params::mismatch(name, "a number or none", other)),
         }
     }
 
-    /// A float dtype (`f32`, `bf16`, `f16`), restricted to `allowed`.
+    /// One of a [`Kind::OneOf`]'s words.
+    pub fn word(&self, name: &str) -> Result<&'static str, ParamError> {
+        match self.value(name)? {
+            ParamValue::Word(w) => Ok(w),
+            other => Err(Params::mismatch(name, "a word", other)),
+        }
+    }
+
+    /// A dtype, restricted to `allowed`.
     pub fn dtype(&self, name: &str, allowed: &[DType]) -> Result<DType, ParamError> {
-        let raw = self.raw(name)?;
-        DType::from_name(raw)
-            .filter(|d| allowed.contains(d))
-            .ok_or_else(|| {
+        match self.value(name)? {
+            ParamValue::DType(d) if allowed.contains(&d) => Ok(d),
+            other => {
                 let names: Vec<_> = allowed.iter().map(|d| d.name()).collect();
-                ParamError(format!(
-                    "`{name}` must be one of {}, got `{raw}`",
+                Err(ParamError(format!(
+                    "`{name}` must be one of {}, got `{other}`",
                     names.join(", ")
-                ))
-            })
+                )))
+            }
+        }
     }
 }
 
 impl fmt::Display for Params {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let parts: Vec<String> = self
-            .values
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
-        f.write_str(&parts.join(","))
+        f.write_str(&self.without(&[]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DEFS: &[ParamDef] = &[
+        ParamDef {
+            name: "rows",
+            kind: Kind::Dim,
+            default: "8",
+            help: "",
+        },
+        ParamDef {
+            name: "scale",
+            kind: Kind::FloatOpt,
+            default: "none",
+            help: "",
+        },
+        ParamDef {
+            name: "causal",
+            kind: Kind::Flag,
+            default: "false",
+            help: "",
+        },
+        ParamDef {
+            name: "mask",
+            kind: Kind::OneOf(&["none", "batch"]),
+            default: "none",
+            help: "",
+        },
+    ];
+
+    #[test]
+    fn values_are_typed_where_they_are_parsed_and_print_back_as_they_parse() {
+        let p = Params::parse(DEFS, &["rows=3,scale=0.125".into(), "causal=1".into()]).unwrap();
+        assert_eq!(p.dim("rows"), Ok(3));
+        assert_eq!(p.float_opt("scale"), Ok(Some(0.125)));
+        assert_eq!(p.flag("causal"), Ok(true));
+        assert_eq!(p.word("mask"), Ok("none"));
+        let text = p.to_string();
+        assert_eq!(text, "causal=true,mask=none,rows=3,scale=0.125");
+        assert_eq!(Params::parse(DEFS, &[text]).unwrap(), p);
+        // A typed read of another kind names the parameter.
+        assert!(p
+            .flag("rows")
+            .unwrap_err()
+            .0
+            .contains("`rows` is not a flag"));
+    }
+
+    #[test]
+    fn bad_values_and_names_are_refused_naming_them() {
+        for (item, message) in [
+            ("rows=0", "`rows` must be a positive integer, got `0`"),
+            ("scale=inf", "`scale` must be a number, got `inf`"),
+            ("causal=yes", "`causal` must be true or false, got `yes`"),
+            ("mask=head", "`mask` must be one of none, batch, got `head`"),
+            (
+                "cols=4",
+                "unknown parameter `cols`; known: rows, scale, causal, mask",
+            ),
+            ("rows", "`rows` is not `name=value`"),
+        ] {
+            let e = Params::parse(DEFS, &[item.into()]).unwrap_err();
+            assert_eq!(e.0, message, "{item}");
+        }
+    }
+
+    #[test]
+    fn typed_values_are_checked_against_their_kinds() {
+        let p = Params::from_values(
+            DEFS,
+            &[
+                ("rows", ParamValue::Int(5)),
+                ("scale", ParamValue::Float(0.5)),
+            ],
+        );
+        assert_eq!(
+            p.unwrap().to_string(),
+            "causal=false,mask=none,rows=5,scale=0.5"
+        );
+        for bad in [
+            ("rows", ParamValue::Int(0)),
+            ("rows", ParamValue::Flag(true)),
+            ("scale", ParamValue::Float(f64::NAN)),
+            ("mask", ParamValue::Word("head")),
+        ] {
+            let e = Params::from_values(DEFS, &[bad]).unwrap_err();
+            assert!(
+                e.0.starts_with(&format!("`{}` must be a value of kind", bad.0)),
+                "{e}"
+            );
+        }
     }
 }

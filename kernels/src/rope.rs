@@ -7,7 +7,7 @@ use kernel_macros::{kernel, kernel_fn};
 
 use crate::common::{block, pid, random_array, tolerance_for, zero, zeros_f64};
 use crate::torch_op::{py_shape, Args, Axis, OpSpec, Out, Placement, Plan, Split};
-use crate::{BoxError, Op, ParamDef, Params, Tolerance, Tunable};
+use crate::{BoxError, Kind, Op, ParamDef, ParamValue, Params, Tolerance, Tunable};
 
 /// Shapes of a RoPE call: x is `[batch, heads, seq, head_dim]`, cos/sin `[seq, head_dim]`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -85,31 +85,37 @@ impl RopeConfig {
 const PARAMS: &[ParamDef] = &[
     ParamDef {
         name: "batch",
+        kind: Kind::Dim,
         default: "1",
         help: "batch",
     },
     ParamDef {
         name: "heads",
+        kind: Kind::Dim,
         default: "8",
         help: "heads",
     },
     ParamDef {
         name: "seq",
+        kind: Kind::Dim,
         default: "512",
         help: "sequence length",
     },
     ParamDef {
         name: "head_dim",
+        kind: Kind::Dim,
         default: "64",
         help: "head dim (even)",
     },
     ParamDef {
         name: "block_seq",
+        kind: Kind::Dim,
         default: "128",
         help: "positions per block",
     },
     ParamDef {
         name: "dtype",
+        kind: Kind::DType,
         default: "f32",
         help: "f32, bf16 or f16 (f32 math)",
     },
@@ -238,11 +244,11 @@ pub(crate) const TORCH_OP: OpSpec = OpSpec {
         Ok(Plan {
             kernel: "rope",
             params: vec![
-                ("batch", b.to_string()),
-                ("heads", h.to_string()),
-                ("seq", s.to_string()),
-                ("head_dim", d.to_string()),
-                ("dtype", x.dtype.to_string()),
+                ("batch", ParamValue::Int(b)),
+                ("heads", ParamValue::Int(h)),
+                ("seq", ParamValue::Int(s)),
+                ("head_dim", ParamValue::Int(d)),
+                ("dtype", ParamValue::DType(x.dtype)),
             ],
             inputs,
             outputs: vec![x.shape.clone()],

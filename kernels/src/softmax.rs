@@ -6,7 +6,7 @@ use kernel_macros::kernel;
 
 use crate::common::{block, pid, random_array, room_f64, tolerance_for, zero};
 use crate::torch_op::{row_plan, Args, OpSpec, Out, ROWS};
-use crate::{BoxError, Op, ParamDef, Params, Tolerance, Tunable};
+use crate::{BoxError, Kind, Op, ParamDef, Params, Tolerance, Tunable};
 
 /// Shape and blocking of a row-wise kernel (softmax, norms).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -66,21 +66,25 @@ impl SoftmaxConfig {
 pub(crate) const ROW_PARAMS: &[ParamDef] = &[
     ParamDef {
         name: "rows",
+        kind: Kind::Dim,
         default: "512",
         help: "rows",
     },
     ParamDef {
         name: "cols",
+        kind: Kind::Dim,
         default: "1024",
         help: "columns (the reduced axis)",
     },
     ParamDef {
         name: "block_rows",
+        kind: Kind::Dim,
         default: "8",
         help: "rows per block",
     },
     ParamDef {
         name: "dtype",
+        kind: Kind::DType,
         default: "f32",
         help: "f32, bf16 or f16 (f32 math)",
     },

@@ -6,7 +6,7 @@ use kernel_macros::kernel;
 
 use crate::common::{block, pid, random_array, tolerance_for};
 use crate::torch_op::{row_plan, Args, Axis, OpSpec, Out, Placement, Split};
-use crate::{BoxError, Op, ParamDef, Params, Tolerance, Tunable};
+use crate::{BoxError, Kind, Op, ParamDef, Params, Tolerance, Tunable};
 
 /// Shape and tiling of a SwiGLU.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -61,21 +61,25 @@ impl SwigluConfig {
 const PARAMS: &[ParamDef] = &[
     ParamDef {
         name: "rows",
+        kind: Kind::Dim,
         default: "512",
         help: "rows",
     },
     ParamDef {
         name: "cols",
+        kind: Kind::Dim,
         default: "1024",
         help: "columns",
     },
     ParamDef {
         name: "block_rows",
+        kind: Kind::Dim,
         default: "8",
         help: "tile rows",
     },
     ParamDef {
         name: "block_cols",
+        kind: Kind::Dim,
         // Wide tiles stream: at 4096x4096, 8x512 tiles (24 short runs per program) moved
         // 65% of the copy bandwidth natively, 8x2048 ones 98%.
         default: "2048",
@@ -83,6 +87,7 @@ const PARAMS: &[ParamDef] = &[
     },
     ParamDef {
         name: "dtype",
+        kind: Kind::DType,
         default: "f32",
         help: "f32, bf16 or f16 (f32 math)",
     },

@@ -9,6 +9,8 @@
 
 use kernel_ir::DType;
 
+use crate::ParamValue;
+
 /// One of PyTorch's dtypes as Tessera sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TorchDType {
@@ -325,7 +327,7 @@ pub struct Plan {
     /// The library kernel.
     pub kernel: &'static str,
     /// Its parameters, as the kernel parses them.
-    pub params: Vec<(&'static str, String)>,
+    pub params: Vec<(&'static str, ParamValue)>,
     /// Its operands, in order.
     pub inputs: Vec<Operand>,
     /// The shape the kernel sees of each output (the op's [`OpSpec::outputs`], in order).
@@ -579,12 +581,12 @@ pub fn row_plan(
     let first = &matrices[0];
     let (r, c) = rows(&first.shape);
     let mut params = vec![
-        ("rows", r.to_string()),
-        ("cols", c.to_string()),
-        ("dtype", first.dtype.to_string()),
+        ("rows", ParamValue::Int(r)),
+        ("cols", ParamValue::Int(c)),
+        ("dtype", ParamValue::DType(first.dtype)),
     ];
     if let Some(eps) = eps {
-        params.push(("eps", format!("{eps:?}")));
+        params.push(("eps", ParamValue::Float(eps)));
     }
     let inputs = matrices
         .iter()

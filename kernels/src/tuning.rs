@@ -23,7 +23,7 @@ impl Tunable {
         let size = self
             .tiles
             .iter()
-            .find_map(|t| p.get(t).and_then(|v| v.parse::<u64>().ok()));
+            .find_map(|t| p.get(t).and_then(|v| v.as_int()));
         let mut out = Vec::new();
         for &v in self.values {
             out.push(v);
@@ -31,7 +31,7 @@ impl Tunable {
                 break;
             }
         }
-        if let Some(current) = p.get(self.name).and_then(|v| v.parse().ok()) {
+        if let Some(current) = p.get(self.name).and_then(|v| v.as_int()) {
             if !out.contains(&current) {
                 out.push(current);
                 out.sort_unstable();
@@ -98,7 +98,7 @@ pub fn apply(
     let mut applied = Vec::new();
     for (name, value) in config {
         let tunable = k.tunables().iter().any(|t| t.name == name);
-        if tunable && !explicit.contains(&name.as_str()) && p.set(name, value.clone()).is_ok() {
+        if tunable && !explicit.contains(&name.as_str()) && p.set(name, value).is_ok() {
             applied.push((name.clone(), value.clone()));
         }
     }
@@ -137,7 +137,7 @@ pub fn named_in(overrides: &[String]) -> Vec<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{find, FlashAttention, Op};
+    use crate::{find, FlashAttention, Op, ParamValue};
 
     #[test]
     fn candidates_stop_at_the_first_block_covering_the_size() {
@@ -208,11 +208,11 @@ mod tests {
         assert_eq!(applied, vec![("block_k".to_string(), "256".to_string())]);
         assert_eq!(
             (p.get("block_q"), p.get("block_k")),
-            (Some("32"), Some("256"))
+            (Some(ParamValue::Int(32)), Some(ParamValue::Int(256)))
         );
         assert_eq!(
             p.get("causal"),
-            Some("false"),
+            Some(ParamValue::Flag(false)),
             "only tunable parameters are applied"
         );
         assert!(!problem(k, &p).contains("block_"));

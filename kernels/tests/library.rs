@@ -78,12 +78,24 @@ fn compare_catches_errors_and_nans() {
 #[test]
 fn bad_parameters_are_reported() {
     let k = find("flash_attention").unwrap();
-    let e = Params::parse(k.params(), &["q_len=0".into()]).unwrap();
-    assert!(k
-        .build(&e)
-        .unwrap_err()
-        .to_string()
-        .contains("`q_len` must be a positive integer"));
+    // A value not of its parameter's kind is refused where it is parsed.
+    let e = Params::parse(k.params(), &["q_len=0".into()]).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("`q_len` must be a positive integer, got `0`"),
+        "{e}"
+    );
+    let e = Params::parse(k.params(), &["causal=maybe".into()]).unwrap_err();
+    assert!(
+        e.to_string().contains("`causal` must be true or false"),
+        "{e}"
+    );
+    let e = Params::parse(k.params(), &["mask=per_head".into()]).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("`mask` must be one of none, batch, shared, got `per_head`"),
+        "{e}"
+    );
     let e = Params::parse(k.params(), &["heads=3,kv_heads=2".into()]).unwrap();
     assert!(k
         .build(&e)

@@ -14,7 +14,7 @@ use runtime::tune::TuneTarget;
 use runtime::Backend;
 
 use crate::library::{UserBuild, UserCall};
-use crate::{run_op, tuned_op, Buffer};
+use crate::{run_op, Buffer, OpCall};
 
 /// The XLA backend, or why it cannot be used.
 fn xla() -> PyResult<&'static runtime::xla::Xla> {
@@ -131,7 +131,8 @@ fn tpu_custom_call_config(
             .map_err(|e| PyValueError::new_err(format!("{}: {e}", kernel.name)))?;
         return Ok((config, kernel.name.clone()));
     }
-    let (k, p) = tuned_op(op, &params, Backend::Auto, Some(TuneTarget::Mosaic))?;
+    let call = OpCall::parse(op, &params).map_err(PyValueError::new_err)?;
+    let (k, p) = (call.op, call.tuned(Backend::Auto, Some(TuneTarget::Mosaic)));
     let kernels = k
         .build(&p)
         .map_err(|e| PyValueError::new_err(format!("{op} {p}: {e}")))?;

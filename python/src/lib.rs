@@ -133,17 +133,75 @@ impl PreparedOp {
 /// Prepared ops the extension remembers, at most this many (the memo then restarts).
 const PREPARED_MEMO_LIMIT: usize = 1024;
 
-/// The prepared op for `kernel`, `params` (`name=value` items) and `requested`.
-fn prepared(
-    kernel: &str,
-    params: &[String],
-    requested: Backend,
-) -> Result<Arc<PreparedOp>, OpError> {
+/// A call of a library op: the op, its parameters (defaults filled in) and the names
+/// the caller gave (tuning leaves those alone).
+pub(crate) struct OpCall {
+    op: &'static dyn kernels::LibraryKernel,
+    params: Params,
+    given: Vec<&'static str>,
+}
+
+impl OpCall {
+    /// The call `params` (`name=value` items, as the command line, a custom call or
+    /// Python give them) describe.
+    fn parse(kernel: &str, params: &[String]) -> Result<OpCall, String> {
+        let op = find(kernel).ok_or_else(|| format!("unknown kernel `{kernel}`"))?;
+        let parsed = Params::parse(op.params(), params).map_err(|e| e.to_string())?;
+        let named = tuning::named_in(params);
+        let given = op
+            .params()
+            .iter()
+            .map(|d| d.name)
+            .filter(|n| named.contains(n))
+            .collect();
+        Ok(OpCall {
+            op,
+            params: parsed,
+            given,
+        })
+    }
+
+    /// The call an op's plan makes, its typed parameters as they are.
+    fn planned(plan: &kernels::torch_op::Plan) -> Result<OpCall, String> {
+        let op = find(plan.kernel).ok_or_else(|| format!("unknown kernel `{}`", plan.kernel))?;
+        let params = Params::from_values(op.params(), &plan.params)
+            .map_err(|e| format!("{}: {e}", plan.kernel))?;
+        let given = plan.params.iter().map(|(name, _)| *name).collect();
+        Ok(OpCall { op, params, given })
+    }
+
+    /// The given parameters as `name=value` text (what the launch trace records).
+    fn given_text(&self) -> String {
+        let parts: Vec<String> = self
+            .given
+            .iter()
+            .filter_map(|n| self.params.get(n).map(|v| format!("{n}={v}")))
+            .collect();
+        parts.join(",")
+    }
+
+    /// The parameters with the blocks `tessera tune` stored for `target` (for `None`,
+    /// the backend `requested` resolves to) filling the tunable ones the caller did
+    /// not give.
+    fn tuned(&self, requested: Backend, target: Option<TuneTarget>) -> Params {
+        let (op, mut p) = (self.op, self.params.clone());
+        tuning::apply_stored(op, &mut p, &self.given, |p, problem| {
+            let first_kernel = || op.build(p).ok()?.into_iter().next();
+            runtime::tune::stored_config(op.name(), problem, target, requested, first_kernel)
+        });
+        p
+    }
+}
+
+/// The prepared op for `call` and `requested`.
+fn prepared(call: &OpCall, requested: Backend) -> Result<Arc<PreparedOp>, OpError> {
     thread_local! {
         /// The last op this thread asked for: a repeated call skips the shared memo.
         static LAST: RefCell<Option<(LastKey, Arc<PreparedOp>)>> = const { RefCell::new(None) };
     }
-    let is_last = |(k, b, p): &LastKey| k == kernel && *b == requested && p[..] == *params;
+    let is_last = |(k, b, p, g): &LastKey| {
+        *k == call.op.name() && *b == requested && *p == call.params && *g == call.given
+    };
     let last = LAST.with_borrow(|last| {
         last.as_ref()
             .filter(|(key, _)| is_last(key))
@@ -152,32 +210,35 @@ fn prepared(
     if let Some(hit) = last {
         return Ok(hit);
     }
-    let op = prepared_shared(kernel, params, requested)?;
-    let key = (kernel.to_string(), requested, params.to_vec());
+    let op = prepared_shared(call, requested)?;
+    let key = (
+        call.op.name(),
+        requested,
+        call.params.clone(),
+        call.given.clone(),
+    );
     LAST.set(Some((key, op.clone())));
     Ok(op)
 }
 
-/// What [`prepared`]'s per-thread memo compares: kernel, backend asked for, parameters.
-type LastKey = (String, Backend, Vec<String>);
+/// What [`prepared`]'s per-thread memo compares: op, backend asked for, parameters and
+/// the names given.
+type LastKey = (&'static str, Backend, Params, Vec<&'static str>);
 
 /// [`prepared`] through the memo all threads share.
-fn prepared_shared(
-    kernel: &str,
-    params: &[String],
-    requested: Backend,
-) -> Result<Arc<PreparedOp>, OpError> {
+fn prepared_shared(call: &OpCall, requested: Backend) -> Result<Arc<PreparedOp>, OpError> {
     static MEMO: OnceLock<Mutex<HashMap<String, Arc<PreparedOp>>>> = OnceLock::new();
     let memo = MEMO.get_or_init(Default::default);
-    let mut key = format!("{kernel} {requested}");
-    for p in params {
-        key.push(' ');
-        key.push_str(p);
-    }
+    let key = format!(
+        "{} {requested} {} given {:?}",
+        call.op.name(),
+        call.params,
+        call.given
+    );
     if let Some(hit) = memo.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         return Ok(hit.clone());
     }
-    let (op, params) = tuned_op(kernel, params, requested, None)?;
+    let (op, params) = (call.op, call.tuned(requested, None));
     let kernels = op
         .build(&params)
         .map(|built| {
@@ -198,23 +259,6 @@ fn prepared_shared(
     }
     memo.insert(key, prepared.clone());
     Ok(prepared)
-}
-
-/// The library op `kernel` and its parameters: `params` (`name=value` items), with the
-/// blocks `tessera tune` stored for `target` (for `None`, the backend `requested`
-/// resolves to) filling the tunable parameters `params` leaves out.
-fn tuned_op(
-    kernel: &str,
-    params: &[String],
-    requested: Backend,
-    target: Option<TuneTarget>,
-) -> Result<(&'static dyn kernels::LibraryKernel, Params), OpError> {
-    let (op, mut p) = library_op(kernel, params).map_err(OpError::Bad)?;
-    tuning::apply_stored(op, &mut p, &tuning::named_in(params), |p, problem| {
-        let first_kernel = || op.build(p).ok()?.into_iter().next();
-        runtime::tune::stored_config(op.name(), problem, target, requested, first_kernel)
-    });
-    Ok((op, p))
 }
 
 /// `kernel` compiled to run natively on the callers' storage, when `requested` resolves to
@@ -486,16 +530,6 @@ impl<'a> HostCall<'a> {
     }
 }
 
-/// The library op `kernel` and its parsed parameters (`name=value` items).
-fn library_op(
-    kernel: &str,
-    params: &[String],
-) -> Result<(&'static dyn kernels::LibraryKernel, Params), String> {
-    let k = find(kernel).ok_or_else(|| format!("unknown kernel `{kernel}`"))?;
-    let p = Params::parse(k.params(), params).map_err(|e| e.to_string())?;
-    Ok((k, p))
-}
-
 /// Why an op call failed: bad arguments (`ValueError`), an array that could not be
 /// allocated (`MemoryError`), a kernel's failed `check` on its data (`ValueError` or
 /// `IndexError`, as the check's kind says) or a failed run (`RuntimeError`).
@@ -544,8 +578,8 @@ impl OpError {
 }
 
 /// Runs library op `kernel` with parameters `params` (`name=value` items) on `inputs`
-/// and writes its outputs into `outputs`; returns the backend that ran it. Used by the
-/// torch ops and by XLA programs' custom calls.
+/// and writes its outputs into `outputs`; returns the backend that ran it. Used by
+/// XLA programs' custom calls and `_tessera.run`.
 fn run_op(
     kernel: &str,
     params: &[String],
@@ -553,8 +587,21 @@ fn run_op(
     outputs: &[Buffer],
     requested: Backend,
 ) -> Result<&'static str, OpError> {
-    launches::record(|| format!("{kernel} {}", params.join(",")));
-    let prepared = prepared(kernel, params, requested)?;
+    let call = OpCall::parse(kernel, params).map_err(OpError::Bad)?;
+    run_call(&call, inputs, outputs, requested)
+}
+
+/// Runs `call` on `inputs`, writing `outputs` ([`run_op`]; the torch ops call it with
+/// their plan's typed parameters).
+fn run_call(
+    call: &OpCall,
+    inputs: &[Buffer],
+    outputs: &[Buffer],
+    requested: Backend,
+) -> Result<&'static str, OpError> {
+    let kernel = call.op.name();
+    launches::record(|| format!("{kernel} {}", call.given_text()));
+    let prepared = prepared(call, requested)?;
     let PreparedOp { op, params: p, .. } = &*prepared;
     if let Some(native) = prepared.single() {
         // SAFETY: the callers pass the data pointers of contiguous buffers, and fresh
@@ -673,8 +720,8 @@ fn current_backend() -> &'static str {
 /// (`name=value` items): its parameters with defaults filled, without the tunable ones.
 #[pyfunction]
 fn tuning_problem(kernel: &str, params: Vec<String>) -> PyResult<String> {
-    let (op, p) = library_op(kernel, &params).map_err(PyValueError::new_err)?;
-    Ok(kernels::tuning::problem(op, &p))
+    let call = OpCall::parse(kernel, &params).map_err(PyValueError::new_err)?;
+    Ok(kernels::tuning::problem(call.op, &call.params))
 }
 
 /// Every `TESSERA_*` variable: `(name, default, doc)` (`runtime::config`).
@@ -696,10 +743,11 @@ fn describe_config() -> String {
 #[pyfunction]
 #[pyo3(signature = (kernel, params, backend = "auto"))]
 fn explain(kernel: &str, params: Vec<String>, backend: &str) -> PyResult<(String, Vec<String>)> {
-    let (k, p) = library_op(kernel, &params).map_err(PyValueError::new_err)?;
+    let call = OpCall::parse(kernel, &params).map_err(PyValueError::new_err)?;
     let requested = parse_backend(backend)?;
-    let kernels = k
-        .build(&p)
+    let kernels = call
+        .op
+        .build(&call.params)
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
     let first = kernels
         .first()

@@ -3,6 +3,7 @@
 //! operand shapes), which the fake kernels and graph mode's lowering use.
 
 use kernels::torch_op::{self, Axis, Dim, Form, Meta, Placement, ResultDtype, Shape, Split};
+use kernels::ParamValue;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
@@ -123,7 +124,7 @@ fn value(arg: &Bound<'_, PyAny>) -> PyResult<torch_op::Value> {
 }
 
 /// The plan of a call of library op `name` with `args` (schema order, defaults filled;
-/// tensors as `(shape, dtype name, device)`): `{kernel, params: [(name, text)], inputs: [(arg,
+/// tensors as `(shape, dtype name, device)`): `{kernel, params: [(name, value)], inputs: [(arg,
 /// shape, dtype, is_score_mask)], outputs: [(shape, dtype)], launch}` (dtypes as Tessera
 /// names; the outputs in the shapes the kernel sees). A bad argument raises
 /// `ValueError` with the eager op's message.
@@ -142,7 +143,12 @@ pub(crate) fn op_plan<'py>(
     let plan = (op.plan)(&values).map_err(PyValueError::new_err)?;
     let d = PyDict::new(py);
     d.set_item("kernel", plan.kernel)?;
-    d.set_item("params", plan.params.clone())?;
+    let params = plan
+        .params
+        .iter()
+        .map(|(name, value)| Ok((*name, py_param(py, value)?)))
+        .collect::<PyResult<Vec<_>>>()?;
+    d.set_item("params", params)?;
     let inputs: Vec<(usize, Vec<u64>, &str, bool)> = plan
         .inputs
         .iter()
@@ -168,4 +174,17 @@ pub(crate) fn op_plan<'py>(
     d.set_item("outputs", outputs)?;
     d.set_item("launch", plan.launch)?;
     Ok(d)
+}
+
+/// A parameter's value as Python's: an int, float, bool, str (a dtype's name, a word)
+/// or None (`none`).
+fn py_param<'py>(py: Python<'py>, value: &ParamValue) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match *value {
+        ParamValue::Int(v) => v.into_pyobject(py)?.into_any(),
+        ParamValue::Float(v) => v.into_pyobject(py)?.into_any(),
+        ParamValue::Flag(v) => v.into_pyobject(py)?.to_owned().into_any(),
+        ParamValue::DType(d) => d.name().into_pyobject(py)?.into_any(),
+        ParamValue::Word(w) => w.into_pyobject(py)?.into_any(),
+        ParamValue::Unset => py.None().into_bound(py),
+    })
 }

@@ -22,7 +22,7 @@ use runtime::Backend;
 use crate::torch_abi::{
     self, int32_of, take_optional, torch, BoxedKernel, Handle, StableIValue, Tensor,
 };
-use crate::{run_op, Buffer, OpError};
+use crate::{run_call, Buffer, OpCall, OpError};
 
 /// The ops, in registration order (a kernel finds its op by index).
 pub(crate) fn ops() -> &'static [OpSpec] {
@@ -276,12 +276,8 @@ fn run(op: &OpSpec, schema: &[SchemaArg], mut values: Vec<Value>) -> Result<Vec<
             .zip(&results)
             .map(|(shape, t)| (t.data(), shape.clone(), dtype_of(t)))
             .collect();
-        let params: Vec<String> = plan
-            .params
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
-        run_op(plan.kernel, &params, &inputs, &outputs, backend())?;
+        let call = OpCall::planned(&plan).map_err(OpError::Bad)?;
+        run_call(&call, &inputs, &outputs, backend())?;
     } else {
         for (out, t) in op.outputs.iter().zip(&results) {
             fill(t, out.empty);

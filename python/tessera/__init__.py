@@ -57,7 +57,7 @@ def backend(name: str):
 def explain(kernel: str, **params) -> tuple:
     """The backend ``kernel`` would run on with these parameters, and why better
     backends were skipped: ``(backend, [reasons])``."""
-    return _tessera.explain(kernel, [f"{k}={v}" for k, v in params.items()], _backend())
+    return _tessera.explain(kernel, ops.param_items(params), _backend())
 
 
 # ---- the ops, their autograd and the SDPA override ----------------------------------

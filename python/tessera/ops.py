@@ -49,6 +49,24 @@ _DEFAULTS = {
 }
 
 
+def param_items(params: dict) -> list[str]:
+    """Kernel parameters (ints, floats, bools, strings, None) as the ``name=value``
+    items the kernels parse, in the form they print them: ``causal=true``,
+    ``scale=none``, ``eps=1e-6`` (a float's shortest repr, its exponent unpadded)."""
+
+    def text(value) -> str:
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if value is None:
+            return "none"
+        if isinstance(value, float):
+            mantissa, e, exponent = repr(value).partition("e")
+            return mantissa + (f"e{int(exponent)}" if e else "")
+        return str(value)
+
+    return [f"{k}={text(v)}" for k, v in params.items()]
+
+
 def named_args(name: str, args, kwargs: dict) -> dict:
     """The arguments of a call of ``tessera::name`` by name, in schema order, defaults
     filled in."""

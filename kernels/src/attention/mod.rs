@@ -12,7 +12,7 @@ use kernel_ir::dsl::{KernelBody, PallasCall};
 use kernel_ir::{AllocError, Array, DimSemantics};
 
 use crate::common::{block, built, pid, random_array, tolerance_for, zero, zeros_f64};
-use crate::{BoxError, Chain, Exec, Op, ParamDef, Params, Source, Step, Tolerance, Tunable};
+use crate::{BoxError, Chain, Exec, Kind, Op, ParamDef, Params, Source, Step, Tolerance, Tunable};
 pub(crate) use ops::{FLASH_ATTENTION, FLASH_ATTENTION_BWD, FLASH_ATTENTION_FWD};
 
 /// Shapes and options of an attention call. q/o are `[batch, heads, q_len, head_dim]`,
@@ -69,13 +69,24 @@ pub enum ScoreMask {
 }
 
 impl ScoreMask {
-    /// The parameter's value (`none` for no mask).
-    pub fn parse(raw: &str) -> Result<Option<ScoreMask>, BoxError> {
-        match raw {
-            "none" | "" => Ok(None),
-            "batch" => Ok(Some(ScoreMask::PerBatch)),
-            "shared" => Ok(Some(ScoreMask::Shared)),
-            _ => Err(format!("`mask` must be none, batch or shared, got `{raw}`").into()),
+    /// The `mask` parameter's words.
+    pub const WORDS: &'static [&'static str] = &["none", "batch", "shared"];
+
+    /// The mask a word of [`ScoreMask::WORDS`] names (`none`: no mask).
+    pub fn from_word(word: &str) -> Option<ScoreMask> {
+        match word {
+            "batch" => Some(ScoreMask::PerBatch),
+            "shared" => Some(ScoreMask::Shared),
+            _ => None,
+        }
+    }
+
+    /// The word of [`ScoreMask::WORDS`] that names `mask`.
+    pub fn word(mask: Option<ScoreMask>) -> &'static str {
+        match mask {
+            None => "none",
+            Some(ScoreMask::PerBatch) => "batch",
+            Some(ScoreMask::Shared) => "shared",
         }
     }
 }
@@ -83,71 +94,85 @@ impl ScoreMask {
 const PARAMS: &[ParamDef] = &[
     ParamDef {
         name: "batch",
+        kind: Kind::Dim,
         default: "1",
         help: "batch",
     },
     ParamDef {
         name: "heads",
+        kind: Kind::Dim,
         default: "4",
         help: "query heads",
     },
     ParamDef {
         name: "kv_heads",
+        kind: Kind::Dim,
         default: "4",
         help: "key/value heads (GQA when fewer)",
     },
     ParamDef {
         name: "q_len",
+        kind: Kind::Dim,
         default: "512",
         help: "query length",
     },
     ParamDef {
         name: "kv_len",
+        kind: Kind::Dim,
         default: "512",
         help: "key/value length",
     },
     ParamDef {
         name: "head_dim",
+        kind: Kind::Dim,
         default: "64",
         help: "head dim (32..256)",
     },
     ParamDef {
         name: "block_q",
+        kind: Kind::Dim,
         default: "128",
         help: "queries per block",
     },
     ParamDef {
         name: "block_k",
+        kind: Kind::Dim,
         default: "128",
         help: "keys per block",
     },
     ParamDef {
         name: "causal",
+        kind: Kind::Flag,
         default: "false",
         help: "top-left causal mask",
     },
     ParamDef {
         name: "scale",
+        kind: Kind::FloatOpt,
         default: "none",
         help: "score scale (none: 1/sqrt(head_dim))",
     },
     ParamDef {
         name: "window",
+        kind: Kind::CountOpt,
         default: "none",
         help: "sliding window: query i sees no key before i - window",
     },
     ParamDef {
         name: "softcap",
+        kind: Kind::FloatOpt,
         default: "none",
         help: "logit soft-cap: scores become softcap * tanh(score / softcap)",
     },
     ParamDef {
         name: "dtype",
+        kind: Kind::DType,
         default: "f32",
         help: "f32 or bf16 (f32 accumulation)",
     },
     ParamDef {
         name: "mask",
+        kind: Kind::OneOf(ScoreMask::WORDS),
         default: "none",
         help: "additive f32 score mask input: none, batch ([batch,1,q_len,kv_len]) or shared ([1,1,q_len,kv_len])",
     },
@@ -196,7 +221,7 @@ impl AttentionConfig {
             window: p.count_opt("window")?,
             softcap,
             dtype: p.dtype("dtype", &[DType::F32, DType::BF16])?,
-            mask: ScoreMask::parse(p.get("mask").unwrap_or("none"))?,
+            mask: ScoreMask::from_word(p.word("mask")?),
         })
     }
 

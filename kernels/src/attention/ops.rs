@@ -3,10 +3,12 @@
 
 use kernel_ir::DType;
 
+use super::ScoreMask;
 use crate::torch_op::{
     attention_tensors, check_heads, f32_or_bf16, grad_out, py_shape, saved_forward, Args, Axis,
     Dim, Form, OpSpec, Operand, Out, Placement, Plan, Split, Tensor,
 };
+use crate::ParamValue;
 
 /// Heads: the query-shaped tensors and k/v on their heads dim, when the kv heads divide
 /// over the devices (each keeps whole GQA groups; a score mask, one for every head, is
@@ -119,7 +121,7 @@ struct Attention {
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    params: Vec<(&'static str, String)>,
+    params: Vec<(&'static str, ParamValue)>,
     /// The score mask operand: additive float32 `[batch or 1, 1, q_len, kv_len]`.
     mask: Option<Operand>,
 }
@@ -143,13 +145,13 @@ impl Attention {
         let (hkv, sk) = (k.shape[1], k.shape[2]);
         check_heads(h, hkv, d)?;
         let params = vec![
-            ("batch", b.to_string()),
-            ("heads", h.to_string()),
-            ("kv_heads", hkv.to_string()),
-            ("q_len", sq.to_string()),
-            ("kv_len", sk.to_string()),
-            ("head_dim", d.to_string()),
-            ("dtype", q.dtype.to_string()),
+            ("batch", ParamValue::Int(b)),
+            ("heads", ParamValue::Int(h)),
+            ("kv_heads", ParamValue::Int(hkv)),
+            ("q_len", ParamValue::Int(sq)),
+            ("kv_len", ParamValue::Int(sk)),
+            ("head_dim", ParamValue::Int(d)),
+            ("dtype", ParamValue::DType(q.dtype)),
         ];
         Ok(Attention {
             q,
@@ -164,9 +166,9 @@ impl Attention {
     /// 1/sqrt(head_dim), and leaving it out keeps the problem the one `tessera tune`
     /// stores).
     fn options(&mut self, a: &mut Args) -> Result<(), String> {
-        self.params.push(("causal", a.flag().to_string()));
+        self.params.push(("causal", ParamValue::Flag(a.flag())));
         if let Some(scale) = a.float("scale")? {
-            self.params.push(("scale", format!("{scale:?}")));
+            self.params.push(("scale", ParamValue::Float(scale)));
         }
         Ok(())
     }
@@ -174,13 +176,13 @@ impl Attention {
     /// Reads the sliding `window` and the `softcap` (both optional).
     fn window_and_softcap(&mut self, a: &mut Args) -> Result<(), String> {
         if let Some(w) = a.count("window")? {
-            self.params.push(("window", w.to_string()));
+            self.params.push(("window", ParamValue::Int(w)));
         }
         match a.float("softcap")? {
             Some(cap) if cap <= 0.0 => {
                 return Err(format!("softcap: expected a positive number, got {cap:?}"))
             }
-            Some(cap) => self.params.push(("softcap", format!("{cap:?}"))),
+            Some(cap) => self.params.push(("softcap", ParamValue::Float(cap))),
             None => {}
         }
         Ok(())
@@ -231,8 +233,13 @@ impl Attention {
             ));
         }
         let per_batch = shape.len() == 4 && shape[0] == b && b > 1;
-        let kind = if per_batch { "batch" } else { "shared" };
-        self.params.push(("mask", kind.to_string()));
+        let kind = if per_batch {
+            ScoreMask::PerBatch
+        } else {
+            ScoreMask::Shared
+        };
+        self.params
+            .push(("mask", ParamValue::Word(ScoreMask::word(Some(kind)))));
         self.mask = Some(Operand {
             arg: mask.arg,
             shape: vec![if per_batch { b } else { 1 }, 1, sq, sk],

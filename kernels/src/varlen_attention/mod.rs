@@ -27,7 +27,7 @@ use kernel_ir::{try_vec, Array, ArrayData, DimSemantics, MemorySpace};
 use rand::{Rng, SeedableRng};
 
 use crate::common::{block, built, pid, random_array, tolerance_for, zero, zeros_f64};
-use crate::{BoxError, Chain, Exec, Op, ParamDef, Params, Source, Step, Tolerance, Tunable};
+use crate::{BoxError, Chain, Exec, Kind, Op, ParamDef, Params, Source, Step, Tolerance, Tunable};
 use kernels::{varlen_bwd_dkdv, varlen_bwd_dq, varlen_bwd_fused, varlen_fwd};
 pub(crate) use ops::{VARLEN_ATTENTION, VARLEN_ATTENTION_BWD, VARLEN_ATTENTION_FWD};
 pub use plan::{check_cu_seqlens, VarlenPlan};
@@ -62,36 +62,43 @@ pub struct VarlenConfig {
 const PARAMS: &[ParamDef] = &[
     ParamDef {
         name: "batch",
+        kind: Kind::Dim,
         default: "4",
         help: "sequences packed together",
     },
     ParamDef {
         name: "heads",
+        kind: Kind::Dim,
         default: "8",
         help: "query heads",
     },
     ParamDef {
         name: "kv_heads",
+        kind: Kind::Dim,
         default: "2",
         help: "key/value heads (GQA when fewer)",
     },
     ParamDef {
         name: "total_q",
+        kind: Kind::Dim,
         default: "1000",
         help: "packed query tokens (the inputs split them randomly into `batch` sequences)",
     },
     ParamDef {
         name: "total_k",
+        kind: Kind::CountOpt,
         default: "none",
         help: "packed key tokens (none: total_q, with the queries' sequence lengths)",
     },
     ParamDef {
         name: "head_dim",
+        kind: Kind::Dim,
         default: "64",
         help: "head dim (1..=256)",
     },
     ParamDef {
         name: "block_q",
+        kind: Kind::Dim,
         // Packed sequences are often short: at 4 sequences of ~250 tokens, 64-row tiles
         // waste fewer masked scores where tiles straddle them (forward 10.5 -> 9.2 ms,
         // backward 28.9 -> 23.8 ms natively against 128).
@@ -100,21 +107,25 @@ const PARAMS: &[ParamDef] = &[
     },
     ParamDef {
         name: "block_k",
+        kind: Kind::Dim,
         default: "64",
         help: "key rows per tile",
     },
     ParamDef {
         name: "causal",
+        kind: Kind::Flag,
         default: "false",
         help: "top-left causal mask within each sequence",
     },
     ParamDef {
         name: "scale",
+        kind: Kind::FloatOpt,
         default: "none",
         help: "score scale (none: 1/sqrt(head_dim))",
     },
     ParamDef {
         name: "dtype",
+        kind: Kind::DType,
         default: "f32",
         help: "f32 or bf16 (f32 accumulation)",
     },

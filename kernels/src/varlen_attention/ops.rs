@@ -5,6 +5,7 @@ use crate::torch_op::{
     attention_tensors, check_heads, f32_or_bf16, grad_out, py_shape, saved_forward, Args, Axis,
     Dim, OpSpec, Operand, Out, Placement, Plan, Split, Tensor,
 };
+use crate::ParamValue;
 
 use super::check_cu_seqlens;
 
@@ -85,7 +86,7 @@ struct Varlen {
     v: Tensor,
     cu_q: Tensor,
     cu_k: Tensor,
-    params: Vec<(&'static str, String)>,
+    params: Vec<(&'static str, ParamValue)>,
 }
 
 impl Varlen {
@@ -120,19 +121,19 @@ impl Varlen {
             ));
         }
         let mut params = vec![
-            ("batch", (cu_q.shape[0] - 1).to_string()),
-            ("heads", h.to_string()),
-            ("kv_heads", hkv.to_string()),
-            ("total_q", tq.to_string()),
-            ("total_k", tk.to_string()),
-            ("head_dim", d.to_string()),
-            ("causal", a.flag().to_string()),
-            ("dtype", q.dtype.to_string()),
+            ("batch", ParamValue::Int(cu_q.shape[0] - 1)),
+            ("heads", ParamValue::Int(h)),
+            ("kv_heads", ParamValue::Int(hkv)),
+            ("total_q", ParamValue::Int(tq)),
+            ("total_k", ParamValue::Int(tk)),
+            ("head_dim", ParamValue::Int(d)),
+            ("causal", ParamValue::Flag(a.flag())),
+            ("dtype", ParamValue::DType(q.dtype)),
         ];
         // The kernel's default scale is 1/sqrt(head_dim): given only when the caller set
         // one, so the problem is the one `tessera tune` stores.
         if let Some(scale) = a.float("scale")? {
-            params.push(("scale", format!("{scale:?}")));
+            params.push(("scale", ParamValue::Float(scale)));
         }
         Ok(Varlen {
             q,

@@ -59,7 +59,7 @@ class KernelCall:
     """How one Tessera op node becomes a custom call."""
 
     kernel: str  # library op name
-    params: dict[str, object]  # its parameters (library ops': the text the kernel parses)
+    params: dict[str, object]  # its parameters: library ops' typed (int, float, bool, str, None)
     inputs: list[tuple[int, list]]  # (tensor operand index, shape the kernel wants)
     outputs: list[tuple[list, str]]  # (shape, element type) of each kernel output
     results: list[int]  # node result i -> kernel output results[i]
@@ -69,7 +69,7 @@ class KernelCall:
 
     def params_text(self) -> str:
         """The params as the custom call's comma-separated ``name=value`` text."""
-        return ",".join(f"{k}={v}" for k, v in self.params.items())
+        return ",".join(ops.param_items(self.params))
 
     @property
     def label(self) -> str:
@@ -269,9 +269,7 @@ def _custom_call(ir, call: KernelCall, operands, target: str):
         }
     else:
         try:
-            config, name = _tessera.tpu_custom_call_config(
-                call.kernel, [f"{k}={v}" for k, v in call.params.items()], len(call.inputs)
-            )
+            config, name = _tessera.tpu_custom_call_config(call.kernel, ops.param_items(call.params), len(call.inputs))
         except ValueError as e:
             raise LoweringError(f"TPU: {e}") from None
 
@@ -445,10 +443,9 @@ def _sharded_dims(call: KernelCall, mesh: int):
     ins, outs, divides = call.split
     p = dict(call.params)
     for name in divides:
-        size = int(p[name])
-        if size % mesh:
+        if p[name] % mesh:
             return None
-        p[name] = str(size // mesh)
+        p[name] //= mesh
     return ins, outs, p
 
 
@@ -476,9 +473,7 @@ def _manual_region(ir, sdy, op, call: KernelCall, split, mesh: int) -> None:
     in_types = [v.type for v in op.operands]
     out_types = [r.type for r in op.results]
     try:
-        config, name = _tessera.tpu_custom_call_config(
-            call.kernel, [f"{k}={v}" for k, v in params.items()], len(call.inputs)
-        )
+        config, name = _tessera.tpu_custom_call_config(call.kernel, ops.param_items(params), len(call.inputs))
     except ValueError as e:
         raise LoweringError(f"TPU: {e}") from None
     shardings = lambda types, dims: sdy.TensorShardingPerValueAttr.get(  # noqa: E731
