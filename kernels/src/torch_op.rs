@@ -326,7 +326,7 @@ pub type IndexCheck = Box<dyn Fn(&[&[i32]]) -> Result<(), String> + Send + Sync>
 pub struct Plan {
     /// The library kernel.
     pub kernel: &'static str,
-    /// Its parameters, as the kernel parses them.
+    /// Its parameters, typed (each of its `ParamDef`'s kind).
     pub params: Vec<(&'static str, ParamValue)>,
     /// Its operands, in order.
     pub inputs: Vec<Operand>,
