@@ -143,9 +143,7 @@ fn call_op(
             .collect::<Result<_, _>>()?;
         let refs: Vec<(&Tensor, TensorType)> =
             inputs.iter().map(|(t, ty)| (t, ty.clone())).collect();
-        let k = kernels::find(plan.kernel)
-            .ok_or_else(|| kernel_error(name, "the plan names no library kernel"))?;
-        let p = Params::from_values(k.params(), &plan.params).map_err(|e| kernel_error(name, e))?;
+        let (k, p) = plan.library_call().map_err(|e| kernel_error(name, e))?;
         let (outs, used) = call(k, &p, &refs, backend)?;
         let outs: Vec<Tensor> = outs
             .iter()

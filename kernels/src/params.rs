@@ -56,41 +56,36 @@ pub enum ParamValue {
 }
 
 impl Kind {
-    /// `raw` as a value of this kind; `name` is the parameter's, for the error.
+    /// `raw` as a value of this kind; `name` is the parameter's, for the error. What a
+    /// value may be is [`Kind::admits`]'s rule.
     pub fn parse(self, name: &str, raw: &str) -> Result<ParamValue, ParamError> {
-        let bad = |what: &str| ParamError(format!("`{name}` must be {what}, got `{raw}`"));
         let unset = matches!(raw, "none" | "");
-        match self {
-            Kind::Dim => match raw.parse::<u64>() {
-                Ok(v) if v > 0 => Ok(ParamValue::Int(v)),
-                _ => Err(bad("a positive integer")),
-            },
-            Kind::CountOpt if unset => Ok(ParamValue::Unset),
-            Kind::CountOpt => raw
-                .parse::<u64>()
-                .map(ParamValue::Int)
-                .map_err(|_| bad("a non-negative integer or none")),
-            Kind::FloatOpt if unset => Ok(ParamValue::Unset),
-            Kind::FloatOpt => raw
-                .parse::<f64>()
-                .ok()
-                .filter(|v| v.is_finite())
-                .map(ParamValue::Float)
-                .ok_or_else(|| bad("a number")),
+        let value = match self {
+            Kind::CountOpt | Kind::FloatOpt if unset => Some(ParamValue::Unset),
+            Kind::Dim | Kind::CountOpt => raw.parse().ok().map(ParamValue::Int),
+            Kind::FloatOpt => raw.parse().ok().map(ParamValue::Float),
             Kind::Flag => match raw {
-                "true" | "1" => Ok(ParamValue::Flag(true)),
-                "false" | "0" => Ok(ParamValue::Flag(false)),
-                _ => Err(bad("true or false")),
+                "true" | "1" => Some(ParamValue::Flag(true)),
+                "false" | "0" => Some(ParamValue::Flag(false)),
+                _ => None,
             },
-            Kind::DType => DType::from_name(raw)
-                .map(ParamValue::DType)
-                .ok_or_else(|| bad("a dtype (f32, bf16, f16, ...)")),
+            Kind::DType => DType::from_name(raw).map(ParamValue::DType),
             Kind::OneOf(words) => words
                 .iter()
                 .find(|w| **w == raw)
-                .map(|w| ParamValue::Word(w))
-                .ok_or_else(|| bad(&format!("one of {}", words.join(", ")))),
-        }
+                .map(|w| ParamValue::Word(w)),
+        };
+        value.filter(|v| self.admits(v)).ok_or_else(|| {
+            let what = match self {
+                Kind::Dim => "a positive integer".to_string(),
+                Kind::CountOpt => "a non-negative integer or none".to_string(),
+                Kind::FloatOpt => "a number".to_string(),
+                Kind::Flag => "true or false".to_string(),
+                Kind::DType => "a dtype (f32, bf16, f16, ...)".to_string(),
+                Kind::OneOf(words) => format!("one of {}", words.join(", ")),
+            };
+            ParamError(format!("`{name}` must be {what}, got `{raw}`"))
+        })
     }
 
     /// Whether `value` is one of this kind's values.

@@ -338,6 +338,20 @@ pub struct Plan {
     pub check_indices: Option<IndexCheck>,
 }
 
+impl Plan {
+    /// The plan's library kernel and its parameters (the plan's typed values over the
+    /// kernel's defaults).
+    pub fn library_call(
+        &self,
+    ) -> Result<(&'static dyn crate::LibraryKernel, crate::Params), String> {
+        let kernel = crate::find(self.kernel)
+            .ok_or_else(|| format!("`{}` is not a library kernel", self.kernel))?;
+        let params = crate::Params::from_values(kernel.params(), &self.params)
+            .map_err(|e| format!("{}: {e}", self.kernel))?;
+        Ok((kernel, params))
+    }
+}
+
 /// `(5, 3)` / `(5,)` / `()`: a shape as Python prints it (messages quote shapes so).
 pub fn py_shape(shape: &[u64]) -> String {
     match shape {

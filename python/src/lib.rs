@@ -163,9 +163,7 @@ impl OpCall {
 
     /// The call an op's plan makes, its typed parameters as they are.
     fn planned(plan: &kernels::torch_op::Plan) -> Result<OpCall, String> {
-        let op = find(plan.kernel).ok_or_else(|| format!("unknown kernel `{}`", plan.kernel))?;
-        let params = Params::from_values(op.params(), &plan.params)
-            .map_err(|e| format!("{}: {e}", plan.kernel))?;
+        let (op, params) = plan.library_call()?;
         let given = plan.params.iter().map(|(name, _)| *name).collect();
         Ok(OpCall { op, params, given })
     }

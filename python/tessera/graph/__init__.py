@@ -566,11 +566,14 @@ def _inner_compile(settings: dict):
 
 def _inductor(gm: torch.fx.GraphModule, example_inputs, name: str, report, settings: dict):
     """The substituted graph compiled by Inductor under config ``settings``, run eagerly
-    from then on if a run fails. The kernels are counted in the forward and backward graphs Inductor compiles;
-    its FX graph cache serves them (hits and misses in ``graph_stats()["inductor_cache"]``),
-    while AOTAutograd's cache, which would skip those graphs, is off for these compiles."""
+    from then on if a run fails. The kernels are counted in the forward and backward
+    graphs Inductor compiles; its FX graph cache serves them (hits and misses in
+    ``graph_stats()["inductor_cache"]``), while AOTAutograd's cache, which would skip
+    those graphs, is off for these compiles."""
     from torch._dynamo.utils import counters
-    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+    from torch._inductor.compile_fx import compile_fx
+
+    inner = _inner_compile(settings)
 
     eager = _copy(gm).forward
 
@@ -579,8 +582,7 @@ def _inductor(gm: torch.fx.GraphModule, example_inputs, name: str, report, setti
         for op, n in _kernel_nodes(graph_module.graph).items():
             _stats["kernels"][op] = _stats["kernels"].get(op, 0) + n
         before = {key: counters[key[0]][key[1]] for key in _INDUCTOR_COUNTERS}
-        with torch._inductor.config.patch(settings):  # outside the caller's patch for the backward
-            compiled = compile_fx_inner(graph_module, *args, **kwargs)
+        compiled = inner(graph_module, *args, **kwargs)
         for key, stat in _INDUCTOR_COUNTERS.items():
             _stats["inductor_cache"][stat] += counters[key[0]][key[1]] - before[key]
         return compiled
