@@ -20,6 +20,12 @@ def fresh_graph_mode():
     torch._dynamo.reset()
 
 
+def on_compiler(kernels: dict, compiler: str) -> dict:
+    """``graph_stats()["kernels"]`` expected on ``compiler`` from what the Inductor path
+    takes: the XLA path does not take oneDNN's products (``onednn_matmul``)."""
+    return kernels if compiler == "inductor" else {k: n for k, n in kernels.items() if k != "onednn_matmul"}
+
+
 def python_frames_of(call, in_file):
     """The names of the Python functions defined in files whose path contains
     ``in_file`` that run during ``call()``."""

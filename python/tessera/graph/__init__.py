@@ -1,8 +1,9 @@
 """Graph mode: ``torch.compile(model, backend="tessera")``.
 
 After substitution the graph goes to Inductor (the default on CPU: Tessera's ops are its
-extern kernels, the rest Inductor's generated code and caches; by default a kernel
-family is substituted only where it makes the graph faster, see ``choose``) or, with
+extern kernels, the rest Inductor's generated code and caches, the float32 matrix
+products of its forward and backward graphs oneDNN's, see ``onednn``; by default a
+kernel family is substituted only where it makes the graph faster, see ``choose``) or, with
 ``options={"compiler": "xla"}`` (or ``TESSERA_GRAPH_COMPILER=xla``), down the XLA path
 below, which TPU export shares.
 
@@ -34,7 +35,7 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from .. import _tessera, config, library
 from ..trace import record_fallback
-from . import choose, decompositions, lower, patterns
+from . import choose, decompositions, lower, onednn, patterns
 from .lower import LoweringError
 
 __all__ = ["GraphModeError", "explain_graph", "export", "graph_stats", "reset_graph_stats", "tessera_backend"]
@@ -320,6 +321,9 @@ def _dynamic(example_inputs) -> bool:
 
 
 COMPILERS = ("inductor", "xla")
+#: Every kernel family graph mode may substitute: the passes' before AOTAutograd, and
+#: on the Inductor path oneDNN's matrix products after it.
+FAMILIES = patterns.KERNELS | {onednn.FAMILY}
 
 
 @dataclass(frozen=True)
@@ -345,15 +349,13 @@ def _options(options) -> Options:
         raise GraphModeError(f"compiler {name!r}: expected one of {', '.join(COMPILERS)}")
     kernels = options.get("kernels", config.get("TESSERA_GRAPH_KERNELS", "auto"))
     if kernels == "auto":
-        return Options(name, patterns.KERNELS, auto=name == "inductor")
+        return Options(name, FAMILIES, auto=name == "inductor")
     if isinstance(kernels, str):
-        kernels = {"all": patterns.KERNELS, "none": ()}.get(kernels, [k for k in kernels.split(",") if k])
+        kernels = {"all": FAMILIES, "none": ()}.get(kernels, [k for k in kernels.split(",") if k])
     kernels = frozenset(kernels)
-    if kernels - patterns.KERNELS:
-        known = ", ".join(sorted(patterns.KERNELS))
-        raise GraphModeError(
-            f"kernels {sorted(kernels - patterns.KERNELS)}: expected 'auto', 'all', 'none' or some of {known}"
-        )
+    if kernels - FAMILIES:
+        known = ", ".join(sorted(FAMILIES))
+        raise GraphModeError(f"kernels {sorted(kernels - FAMILIES)}: expected 'auto', 'all', 'none' or some of {known}")
     return Options(name, kernels)
 
 
@@ -514,7 +516,7 @@ def _substitute_and_compile(gm: torch.fx.GraphModule, example_inputs, name: str,
     )
 
     if chosen.compiler == "inductor":
-        return _inductor(gm, example_inputs, name, report, dict(chosen.inductor))
+        return _inductor(gm, example_inputs, name, report, chosen)
 
     def xla(kind):
         return lambda g, ex: _compile(g, ex, name=f"{name}.{kind}")
@@ -540,7 +542,7 @@ def _choose(gm: torch.fx.GraphModule, example_inputs, name: str, chosen: Options
         # The backward is compiled now: a race that runs it must not compile it inside
         # the compile of the graph the race is for.
         with torch._functorch.config.patch(enable_autograd_cache=False, force_non_lazy_backward_lowering=True):
-            return compile_fx(work, example_inputs, inner_compile=_inner_compile(settings))
+            return compile_fx(work, example_inputs, inner_compile=_inner_compile(settings, kernels))
 
     try:
         present = choose.families(gm, lambda kernels: substituted(kernels)[1])
@@ -552,35 +554,42 @@ def _choose(gm: torch.fx.GraphModule, example_inputs, name: str, chosen: Options
     return Options(choice.compiler, choice.kernels, inductor=tuple(sorted(choice.inductor.items())))
 
 
-def _inner_compile(settings: dict):
+def _inner_compile(settings: dict, kernels: frozenset, seen=None):
     """Inductor's ``compile_fx_inner`` under config ``settings``, for the forward graph
-    now and the backward at its first run (outside the caller's config patch)."""
+    now and the backward at its first run (outside the caller's config patch), after
+    the ATen-level family of ``kernels`` (``onednn``) is substituted; ``seen(graph)`` is
+    called with each graph as it is compiled."""
     from torch._inductor.compile_fx import compile_fx_inner
 
     def inner(graph_module, *args, **kwargs):
+        if onednn.FAMILY in kernels:
+            onednn.substitute(graph_module)
+        if seen is not None:
+            seen(graph_module.graph)
         with torch._inductor.config.patch(settings):
             return compile_fx_inner(graph_module, *args, **kwargs)
 
     return inner
 
 
-def _inductor(gm: torch.fx.GraphModule, example_inputs, name: str, report, settings: dict):
-    """The substituted graph compiled by Inductor under config ``settings``, run eagerly
-    from then on if a run fails. The kernels are counted in the forward and backward
-    graphs Inductor compiles; its FX graph cache serves them (hits and misses in
-    ``graph_stats()["inductor_cache"]``), while AOTAutograd's cache, which would skip
+def _inductor(gm: torch.fx.GraphModule, example_inputs, name: str, report, chosen: Options):
+    """The substituted graph compiled by Inductor under the chosen config settings, run
+    eagerly from then on if a run fails. The kernels are counted in the forward and
+    backward graphs Inductor compiles; its FX graph cache serves them (hits and misses
+    in ``graph_stats()["inductor_cache"]``), while AOTAutograd's cache, which would skip
     those graphs, is off for these compiles."""
     from torch._dynamo.utils import counters
     from torch._inductor.compile_fx import compile_fx
 
-    inner = _inner_compile(settings)
+    def count_kernels(graph: torch.fx.Graph):
+        # Called for the forward now and for the backward at its first run.
+        for op, n in _kernel_nodes(graph).items():
+            _stats["kernels"][op] = _stats["kernels"].get(op, 0) + n
 
+    inner = _inner_compile(dict(chosen.inductor), chosen.kernels, count_kernels)
     eager = _copy(gm).forward
 
-    def count_kernels(graph_module, *args, **kwargs):
-        # Called for the forward now and for the backward at its first run.
-        for op, n in _kernel_nodes(graph_module.graph).items():
-            _stats["kernels"][op] = _stats["kernels"].get(op, 0) + n
+    def count_cache(graph_module, *args, **kwargs):
         before = {key: counters[key[0]][key[1]] for key in _INDUCTOR_COUNTERS}
         compiled = inner(graph_module, *args, **kwargs)
         for key, stat in _INDUCTOR_COUNTERS.items():
@@ -588,7 +597,7 @@ def _inductor(gm: torch.fx.GraphModule, example_inputs, name: str, report, setti
         return compiled
 
     with torch._functorch.config.patch(enable_autograd_cache=False):
-        run = compile_fx(gm, example_inputs, inner_compile=count_kernels)
+        run = compile_fx(gm, example_inputs, inner_compile=count_cache)
     _stats["graphs"] += 1
     _debug(f"{name}: compiled by Inductor; substituted {report.substituted or 'nothing'}")
     state = {"run": run}
@@ -612,7 +621,7 @@ def _kernel_nodes(graph: torch.fx.Graph) -> dict[str, int]:
     """The Tessera kernel calls in an ATen graph, named as on the XLA path (a forward op
     by its kernel, a user library op as ``namespace::op``)."""
     found = {}
-    namespaces = {"tessera"} | library.namespaces()
+    namespaces = {"tessera", "tessera_graph"} | library.namespaces()
     for n in graph.nodes:
         # OpOverloads after AOTAutograd, packets (torch.ops.tessera.x) as substituted.
         target = n.target
@@ -626,14 +635,16 @@ def _kernel_nodes(graph: torch.fx.Graph) -> dict[str, int]:
         op = op.split(".")[0]
         if n.op != "call_function" or namespace not in namespaces:
             continue
-        label = op.removesuffix("_fwd") if namespace == "tessera" else f"{namespace}::{op}"
+        label = op.removesuffix("_fwd") if namespace in ("tessera", "tessera_graph") else f"{namespace}::{op}"
         found[label] = found.get(label, 0) + 1
     return found
 
 
 def explain_graph(model, *args, **kwargs) -> dict:
     """Prints (and returns) what graph mode would substitute in ``model(*args)`` and why
-    each recognised pattern was not, without compiling anything."""
+    each recognised pattern was not, without compiling anything. Lists the passes that
+    run before AOTAutograd; oneDNN's products (``onednn_matmul``), substituted in the
+    graphs AOTAutograd makes, are counted in ``graph_stats()`` once compiled."""
     found = {"substituted": {}, "kept": {}}
 
     def backend(gm, example_inputs):

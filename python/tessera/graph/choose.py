@@ -3,8 +3,8 @@ kernel families are substituted, how Inductor compiles it, or whether it runs ea
 after all. Every choice is measured; nothing is taken that does not make the graph
 faster.
 
-1. Kernels. Each family the passes would substitute in a graph is tried in the
-   passes' order: the graph with it added to the families already taken is compiled by
+1. Kernels. Each family that applies to a graph is tried in :func:`families`'
+   order: the graph with it added to the families already taken is compiled by
    Inductor and raced against the graph without it (calls alternating on the example
    inputs, medians); it is kept when it is faster by more than :data:`MARGIN`. What was
    kept must then win a second race, against the graph with no kernels, by the same
@@ -38,7 +38,7 @@ from typing import Callable
 import torch
 
 from .. import _tessera, config
-from . import patterns
+from . import onednn, patterns
 
 #: A family is kept when the graph with it is this much faster than without.
 MARGIN = 0.03
@@ -276,7 +276,9 @@ def _store(key: str, choice: Choice) -> None:
 
 
 def families(gm: torch.fx.GraphModule, substituted: Callable[[frozenset], dict]) -> list:
-    """The kernel families the passes substitute in ``gm``, in the passes' order;
+    """The kernel families that apply to ``gm``: oneDNN's products first (they take
+    most of a transformer's time, so the others are raced on the graph as it will
+    mostly run), then those the passes substitute, in the passes' order;
     ``substituted(kernels)`` gives what the passes of ``kernels`` substitute in a copy."""
     ordered = list(dict.fromkeys(kernel for kernel, _ in patterns.PASSES))
-    return [k for k in ordered if substituted(frozenset({k}))]
+    return [onednn.FAMILY] * onednn.present(gm) + [k for k in ordered if substituted(frozenset({k}))]
