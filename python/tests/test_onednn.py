@@ -14,7 +14,9 @@ pytestmark = pytest.mark.skipif(not onednn.available(), reason="this PyTorch has
 aten = torch.ops.aten
 
 
-@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (1, 64, 7), (3, 5, 2), (17, 33, 65), (128, 256, 96)])
+@pytest.mark.parametrize(
+    "m,k,n", [(1, 1, 1), (1, 64, 7), (3, 5, 2), (17, 33, 65), (128, 256, 96), (0, 4, 3), (2, 0, 3)]
+)
 @pytest.mark.parametrize("bias", [False, True])
 def test_op_matches_mm_for_any_shape_and_weight_strides(m, k, n, bias):
     torch.manual_seed(m * k + n)

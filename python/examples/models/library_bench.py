@@ -1,19 +1,21 @@
 """Graph-mode benchmark (not a test) on library models: Transformers decoders and BERT,
 timm image models and a diffusers UNet at ``library.SIZES["bench"]`` (hidden 256, 4 layers, 2x128
-tokens; 8x3x128x128 images), forward with no gradients, under eager PyTorch,
+tokens; 8x3x128x128 images), forward with no gradients (or a training step), under eager PyTorch,
 ``torch.compile`` (Inductor), ``torch.compile(backend="tessera")`` on Inductor (the
 default: ``kernels="auto"`` substitutes the kernel families that make the graph faster),
 and the same with ``options={"kernels": "all"}`` (every kernel substituted) and
 ``"none"`` (nothing substituted), in one process: compiled and warmed
 up, then called in turn for ``--runs`` rounds, each round in a rotated order (so neither
-a slow spell of the machine nor going first or last favours one). ``--xla`` adds
+a slow spell of the machine nor going first or last favours one). ``--train`` times
+one training step instead (the model in training mode: forward, the mean square of its
+first output, backward, gradients cleared). ``--xla`` adds
 the XLA path (``options={"compiler": "xla"}``), timed after them; it slows the others
 in the same process (XLA's CPU client keeps threads busy), so its run is separate. Prints
 the kernels ``auto`` took (whether it measured or read its choice, and the graphs it
 runs eagerly or compiles without Inductor's layout optimization) and the medians;
 ratios below 1 mean tessera is faster.
 
-    .venv/bin/python python/examples/models/library_bench.py [--runs 10] [--models llama,vit]
+    .venv/bin/python python/examples/models/library_bench.py [--runs 10] [--models llama,vit] [--train]
 """
 
 import argparse
@@ -43,8 +45,23 @@ def build(name):
     return model.eval(), (x,)
 
 
-def row(name, runs, xla):
+def _step(fn, model, inputs, train):
+    """One timed call: ``fn``'s forward, or with ``train`` a training step."""
+    if not train:
+        return lambda: fn(*inputs)
+
+    def step():
+        out = fn(*inputs)
+        out = out if isinstance(out, torch.Tensor) else out[0]
+        out.float().square().mean().backward()
+        model.zero_grad(set_to_none=True)
+
+    return step
+
+
+def row(name, runs, xla, train=False):
     model, inputs = build(name)
+    model.train(train)
     compilers = {
         "eager": lambda: model,
         "inductor": lambda: torch.compile(model),
@@ -56,12 +73,12 @@ def row(name, runs, xla):
         compilers["tessera+xla"] = lambda: torch.compile(model, backend="tessera", options={"compiler": "xla"})
     torch._dynamo.reset()
     fns, out = {}, {}
-    with torch.no_grad():
+    with torch.set_grad_enabled(train):
         for label, make in compilers.items():
             tessera.reset_graph_stats()
-            fns[label] = make()
-            fns[label](*inputs)
-            fns[label](*inputs)
+            fns[label] = _step(make(), model, inputs, train)
+            fns[label]()
+            fns[label]()
             if label == "tessera":
                 stats = tessera.graph_stats()
                 out["kernels"] = ", ".join(f"{k} x{n}" for k, n in sorted(stats["kernels"].items())) or "none"
@@ -75,7 +92,7 @@ def row(name, runs, xla):
             for i in range(runs):
                 for label in phase[i % len(phase) :] + phase[: i % len(phase)]:
                     start = time.perf_counter()
-                    fns[label](*inputs)
+                    fns[label]()
                     times[label].append(time.perf_counter() - start)
     out.update({label: 1e3 * statistics.median(t) for label, t in times.items()})
     return out
@@ -98,8 +115,10 @@ def main():
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--xla", action="store_true", help="also time the XLA path (after the others)")
+    parser.add_argument("--train", action="store_true", help="time a training step instead of a forward")
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; medians of {args.runs} calls, ms")
+    what = "training steps" if args.train else "calls"
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; medians of {args.runs} {what}, ms")
     xla_head = (" tessera (XLA path) | XLA path/eager | XLA path/Inductor |", "---|---|---|") if args.xla else ("", "")
     print(
         "| model | kernels taken (auto) | eager | Inductor | tessera | all kernels | no kernels | tessera/eager "
@@ -107,7 +126,7 @@ def main():
     )
     print(f"|---|---|---|---|---|---|---|---|---|---|---|{xla_head[1]}")
     for name in args.models.split(","):
-        r = row(name, args.runs, args.xla)
+        r = row(name, args.runs, args.xla, args.train)
         eager_graphs = f" ({r['eager graphs']} graphs eager)" if r["eager graphs"] else ""
         t, inductor = r["tessera"], r["inductor"]
         line = (

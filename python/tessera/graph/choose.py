@@ -17,8 +17,10 @@ faster.
 3. Eager. The compiled graph races the graph run eagerly (no kernels, no compiler); a
    graph eager runs faster by the margin runs eagerly.
 
-A graph compiled with gradients on and inputs that require them (training) is timed
-forward and backward (the gradients of its outputs for those inputs); any other graph,
+The races run the graph many times: what a run may change (the inputs and
+attributes it writes in place, every input that is not a parameter) is saved before
+and put back after. A graph compiled with gradients on and inputs that require them
+(training) is timed forward and backward (the gradients of its outputs for those inputs); any other graph,
 forward only.
 
 The decision is stored per graph (its code and input types), machine and Tessera
@@ -27,6 +29,7 @@ a later process compiles the chosen graph only. ``graph_stats()["choices"]`` giv
 graph's kernels, compiler, Inductor settings, how they were chosen and the timings.
 """
 
+import contextlib
 import json
 import operator
 import statistics
@@ -97,7 +100,7 @@ def choose(
     wrt = [a for a in inputs if isinstance(a, torch.Tensor) and a.requires_grad] if torch.is_grad_enabled() else []
     step = (lambda run: _with_backward(run, wrt)) if wrt else (lambda run: run)
     log(f"measuring how to run the graph ({', '.join(present) or 'no kernels to substitute'})")
-    with torch.set_grad_enabled(bool(wrt)):
+    with torch.set_grad_enabled(bool(wrt)), _restored(_state(gm, inputs)):
         compile_step = lambda kernels, settings: step(compile_with(kernels, settings))  # noqa: E731
         taken, settings, best, ms = _compiled(gm, present, inputs, compile_step, log)
         compiled, eager = _race([best, step(gm.forward)], inputs)
@@ -173,18 +176,46 @@ def _has_convolution(gm: torch.fx.GraphModule) -> bool:
 
 
 def _unmeasurable(gm: torch.fx.GraphModule, example_inputs) -> str:
-    """Why running the graph a few more times would be wrong or impossible ('' if not):
-    it writes into one of its inputs (a cache, a buffer), or its inputs are not real."""
-    for n in gm.graph.nodes:
-        written = _written_input(n)
-        if written is not None:
-            return f"the graph writes into its input {written.name} ({_name(n)})"
+    """Why running the graph a few more times is impossible ('' if not): its inputs
+    are not real."""
     for a in example_inputs:
         if isinstance(a, torch.SymInt) and a.node.hint is None:
             return "a size without a value"
         if isinstance(a, torch._subclasses.FakeTensor):
             return "fake inputs"
     return ""
+
+
+def _state(gm: torch.fx.GraphModule, inputs: list) -> list:
+    """The tensors running the graph may change: those it writes in place (inputs and
+    attributes: a cache, a step counter) and every input that is not a parameter
+    (buffers, such as batch norm's running statistics, which an op updates without
+    saying so in its name)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    state = [t for t in inputs if isinstance(t, torch.Tensor) and not isinstance(t, torch.nn.Parameter)]
+    for n in gm.graph.nodes:
+        written = _written_input(n)
+        if written is None:
+            continue
+        if written.op == "get_attr":
+            state.append(operator.attrgetter(written.target)(gm))
+        elif placeholders.index(written) < len(inputs):
+            state.append(inputs[placeholders.index(written)])
+    return [t for t in state if isinstance(t, torch.Tensor)]
+
+
+@contextlib.contextmanager
+def _restored(tensors: list):
+    """Runs the body, then puts ``tensors``' values back as they were before it: the
+    races run the graph many times, and what a run writes must not stay."""
+    with torch.no_grad():
+        saved = [t.clone() for t in tensors]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for t, value in zip(tensors, saved):
+                t.copy_(value)
 
 
 #: Ops whose result may share its input's memory.

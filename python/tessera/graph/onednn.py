@@ -41,6 +41,9 @@ def available() -> bool:
 
 
 def _onednn_matmul(a: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    if a.shape[1] == 0:  # oneDNN has no primitive for an empty contraction
+        out = a.new_zeros((a.shape[0], w.shape[0]))
+        return out if bias is None else out + bias
     return _LINEAR.default(a, w, bias, "none", [], "")
 
 
@@ -67,7 +70,9 @@ _PRODUCTS = {
     torch.Tensor.mm,
     torch.Tensor.addmm,
 }
-_PRODUCT_METHODS = {"matmul", "mm", "addmm", "__matmul__"}
+_PRODUCT_METHODS = {
+    f.__name__ for f in (torch.Tensor.matmul, torch.Tensor.mm, torch.Tensor.addmm, torch.Tensor.__matmul__)
+}
 
 
 def present(gm: torch.fx.GraphModule) -> bool:
