@@ -9,18 +9,21 @@ up, then called in turn for ``--runs`` rounds, each round in a rotated order (so
 a slow spell of the machine nor going first or last favours one). ``--train`` times
 one training step instead (the model in training mode: forward, the mean square of its
 first output, backward, gradients cleared). ``--xla`` adds
-the XLA path (``options={"compiler": "xla"}``), timed after them; it slows the others
-in the same process (XLA's CPU client keeps threads busy), so its run is separate. Prints
+the XLA path (``options={"compiler": "xla"}``; ``TESSERA_XLA_CLIENT`` picks the client),
+timed against eager in a process of its own: XLA's CPU client slows whatever else runs
+in its process. Prints
 the kernels ``auto`` took (whether it measured or read its choice, and the graphs it
 runs eagerly or compiles without Inductor's layout optimization) and the medians;
 ratios below 1 mean tessera is faster.
 
-    .venv/bin/python python/examples/models/library_bench.py [--runs 10] [--models llama,vit] [--train]
+    .venv/bin/python python/examples/models/library_bench.py [--runs 10] [--models llama,vit] [--train] [--xla]
 """
 
 import argparse
+import json
 import pathlib
 import statistics
+import subprocess
 import sys
 import time
 
@@ -59,7 +62,12 @@ def _step(fn, model, inputs, train):
     return step
 
 
-def row(name, runs, xla, train=False):
+MAIN = ("eager", "inductor", "tessera", "all kernels", "no kernels")
+
+
+def row(name, runs, labels=MAIN, train=False):
+    """Medians (ms) of ``name`` under each of ``labels`` (the compilers below), and what
+    ``auto`` took when ``tessera`` is among them."""
     model, inputs = build(name)
     model.train(train)
     compilers = {
@@ -68,15 +76,14 @@ def row(name, runs, xla, train=False):
         "tessera": lambda: torch.compile(model, backend="tessera"),
         "all kernels": lambda: torch.compile(model, backend="tessera", options={"kernels": "all"}),
         "no kernels": lambda: torch.compile(model, backend="tessera", options={"kernels": "none"}),
+        "tessera+xla": lambda: torch.compile(model, backend="tessera", options={"compiler": "xla"}),
     }
-    if xla:
-        compilers["tessera+xla"] = lambda: torch.compile(model, backend="tessera", options={"compiler": "xla"})
     torch._dynamo.reset()
     fns, out = {}, {}
     with torch.set_grad_enabled(train):
-        for label, make in compilers.items():
+        for label in labels:
             tessera.reset_graph_stats()
-            fns[label] = _step(make(), model, inputs, train)
+            fns[label] = _step(compilers[label](), model, inputs, train)
             fns[label]()
             fns[label]()
             if label == "tessera":
@@ -87,15 +94,21 @@ def row(name, runs, xla, train=False):
                     [k for k in stats["fallbacks"] if k.startswith("graph ") or k.endswith((".forward", ".backward"))]
                 )
         times = {label: [] for label in fns}
-        phases = [("eager", "inductor", "tessera", "all kernels", "no kernels")] + ([("tessera+xla",)] if xla else [])
-        for phase in phases:
-            for i in range(runs):
-                for label in phase[i % len(phase) :] + phase[: i % len(phase)]:
-                    start = time.perf_counter()
-                    fns[label]()
-                    times[label].append(time.perf_counter() - start)
+        for i in range(runs):
+            for label in labels[i % len(labels) :] + labels[: i % len(labels)]:
+                start = time.perf_counter()
+                fns[label]()
+                times[label].append(time.perf_counter() - start)
     out.update({label: 1e3 * statistics.median(t) for label, t in times.items()})
     return out
+
+
+def xla_row(name, runs, train):
+    """Eager and the XLA path timed in a process of their own (XLA's CPU client slows
+    whatever else runs in its process)."""
+    command = [sys.executable, __file__, "--xla-alone", "--models", name, "--runs", str(runs)]
+    done = subprocess.run(command + (["--train"] if train else []), capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _how(choices) -> str:
@@ -114,19 +127,25 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--xla", action="store_true", help="also time the XLA path (after the others)")
+    parser.add_argument("--xla", action="store_true", help="also time the XLA path (in a process of its own)")
+    parser.add_argument("--xla-alone", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--train", action="store_true", help="time a training step instead of a forward")
     args = parser.parse_args()
+    if args.xla_alone:
+        print(json.dumps(row(args.models, args.runs, ("eager", "tessera+xla"), args.train)))
+        return
     what = "training steps" if args.train else "calls"
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; medians of {args.runs} {what}, ms")
-    xla_head = (" tessera (XLA path) | XLA path/eager | XLA path/Inductor |", "---|---|---|") if args.xla else ("", "")
+    xla_head = ("", "")
+    if args.xla:
+        xla_head = (" eager (XLA's process) | tessera (XLA path) | XLA path/eager |", "---|---|---|")
     print(
         "| model | kernels taken (auto) | eager | Inductor | tessera | all kernels | no kernels | tessera/eager "
         f"| tessera/Inductor | all kernels/Inductor | no kernels/Inductor |{xla_head[0]}"
     )
     print(f"|---|---|---|---|---|---|---|---|---|---|---|{xla_head[1]}")
     for name in args.models.split(","):
-        r = row(name, args.runs, args.xla, args.train)
+        r = row(name, args.runs, train=args.train)
         eager_graphs = f" ({r['eager graphs']} graphs eager)" if r["eager graphs"] else ""
         t, inductor = r["tessera"], r["inductor"]
         line = (
@@ -135,8 +154,8 @@ def main():
             f"{r['all kernels'] / inductor:.2f} | {r['no kernels'] / inductor:.2f} |"
         )
         if args.xla:
-            tx = r["tessera+xla"]
-            line += f" {tx:.2f} | {tx / r['eager']:.2f} | {tx / r['inductor']:.2f} |"
+            x = xla_row(name, args.runs, args.train)
+            line += f" {x['eager']:.2f} | {x['tessera+xla']:.2f} | {x['tessera+xla'] / x['eager']:.2f} |"
         print(line, flush=True)
 
 
