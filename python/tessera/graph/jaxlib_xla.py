@@ -2,8 +2,8 @@
 
 When jaxlib is installed (``make python`` installs it), the XLA path compiles and runs
 its StableHLO on jaxlib's own CPU client rather than the pinned PJRT plugin
-(``TESSERA_XLA_CLIENT=plugin`` picks the plugin): the same programs run in 0.77-0.91 of
-the plugin's time (measured with ``python/examples/models/library_bench.py --xla``). The
+(``TESSERA_XLA_CLIENT=plugin`` picks the plugin): the transformer programs run in
+0.74-0.86 of the plugin's time (``python/examples/models/library_bench.py --xla``). The
 ``tessera_op`` custom calls in those programs reach the extension's XLA FFI handler,
 registered with jaxlib from the capsule the extension exports. Tensors go in and come
 out through DLPack without copies. Executables are cached by the extension's two-tier
@@ -42,6 +42,8 @@ def compile_module(text: str):
 
 
 def _runner(exe, device):
+    """``run(inputs) -> results`` on loaded executable ``exe``: the tensors lent to XLA
+    through DLPack, XLA's results handed back the same way."""
     from jaxlib import _jax
 
     to_jax = _jax.dlpack_managed_tensor_to_buffer
