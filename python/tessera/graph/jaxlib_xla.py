@@ -3,7 +3,8 @@
 When jaxlib is installed (``make python`` installs it), the XLA path compiles and runs
 its StableHLO on jaxlib's own CPU client rather than the pinned PJRT plugin
 (``TESSERA_XLA_CLIENT=plugin`` picks the plugin): the transformer programs run in
-0.74-0.86 of the plugin's time (``python/examples/models/library_bench.py --xla``). The
+0.74-0.86 of the plugin's time and ConvNeXt's in 0.79; ResNet-18's and the UNet's
+in 1.03-1.08 (``python/examples/models/library_bench.py --xla``). The
 ``tessera_op`` custom calls in those programs reach the extension's XLA FFI handler,
 registered with jaxlib from the capsule the extension exports. Tensors go in and come
 out through DLPack without copies. Executables are cached by the extension's two-tier
