@@ -193,17 +193,16 @@ def _state(gm: torch.fx.GraphModule, inputs: list) -> list:
     attributes: a cache, a step counter) and every input that is not a parameter
     (buffers, such as batch norm's running statistics, which an op updates without
     saying so in its name)."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    state = [t for t in inputs if isinstance(t, torch.Tensor) and not isinstance(t, torch.nn.Parameter)]
+    value_of = dict(zip((n for n in gm.graph.nodes if n.op == "placeholder"), inputs))
+    state = [t for t in inputs if not isinstance(t, torch.nn.Parameter)]
     for n in gm.graph.nodes:
         written = _written_input(n)
-        if written is None:
-            continue
-        if written.op == "get_attr":
+        if written is not None and written.op == "get_attr":
             state.append(operator.attrgetter(written.target)(gm))
-        elif placeholders.index(written) < len(inputs):
-            state.append(inputs[placeholders.index(written)])
-    return [t for t in state if isinstance(t, torch.Tensor)]
+        elif written is not None:
+            state.append(value_of.get(written))
+    # Each tensor once: a buffer the graph also writes in place is saved a single time.
+    return list({id(t): t for t in state if isinstance(t, torch.Tensor)}.values())
 
 
 @contextlib.contextmanager
