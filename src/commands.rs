@@ -705,7 +705,7 @@ pub fn lower(
 }
 
 /// Subdirectories of the cache directory, one per compiling backend.
-const CACHE_TIERS: &[&str] = &["xla"];
+const CACHE_TIERS: &[&str] = &["xla", "xla-jaxlib"];
 
 fn cache_dir() -> Result<std::path::PathBuf, Failure> {
     runtime::cache::default_dir()

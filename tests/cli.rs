@@ -542,6 +542,7 @@ fn cache_stats_and_clear() {
     let o = tessera(&["cache", "stats"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("xla: "), "{}", stdout(&o));
+    assert!(stdout(&o).contains("xla-jaxlib: "), "{}", stdout(&o));
     let o = tessera(&["cache", "clear"]);
     assert!(o.status.success() && stdout(&o).starts_with("removed "));
 }

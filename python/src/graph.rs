@@ -8,7 +8,6 @@ use std::time::Instant;
 
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use runtime::cache::Source;
 use runtime::pjrt::{Element, Executable, HostBuffer};
 use runtime::tune::TuneTarget;
 use runtime::Backend;
@@ -84,14 +83,9 @@ fn graph_compile(py: Python<'_>, module: String) -> PyResult<(GraphExecutable, S
         Ok(Err(e)) => return Err(PyRuntimeError::new_err(format!("XLA: {e}"))),
         Err(_) => return Err(PyRuntimeError::new_err("XLA: internal error (panic)")),
     };
-    let source = match source {
-        Source::Compiled => "compiled",
-        Source::Memory => "memory",
-        Source::Disk => "disk",
-    };
     Ok((
         GraphExecutable { exe },
-        source.to_string(),
+        source.name().to_string(),
         t.elapsed().as_secs_f64() * 1e3,
     ))
 }
@@ -102,6 +96,19 @@ fn custom_calls_unavailable() -> Option<String> {
     match runtime::xla::backend() {
         Err(e) => Some(format!("the XLA backend is unavailable: {e}")),
         Ok(x) => x.custom_calls().err().map(String::from),
+    }
+}
+
+/// The `tessera_op` custom-call handler in an unnamed capsule (the typed XLA FFI
+/// handler's address), for `jax.ffi.register_ffi_target` on jaxlib's CPU client.
+#[pyfunction]
+fn custom_call_handler(py: Python<'_>) -> PyResult<Py<PyAny>> {
+    // SAFETY: the capsule holds a function pointer that lives as long as the process
+    // (the extension is never unloaded) and has no destructor.
+    unsafe {
+        let capsule =
+            pyo3::ffi::PyCapsule_New(runtime::custom_call::handler_ptr(), std::ptr::null(), None);
+        Bound::from_owned_ptr_or_err(py, capsule).map(Bound::unbind)
     }
 }
 
@@ -212,6 +219,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<GraphExecutable>()?;
     m.add_function(wrap_pyfunction!(graph_compile, m)?)?;
     m.add_function(wrap_pyfunction!(custom_calls_unavailable, m)?)?;
+    m.add_function(wrap_pyfunction!(custom_call_handler, m)?)?;
     m.add_function(wrap_pyfunction!(tpu_custom_call_config, m)?)?;
     m.add_function(wrap_pyfunction!(stored_graph_choice, m)?)?;
     m.add_function(wrap_pyfunction!(store_graph_choice, m)?)?;

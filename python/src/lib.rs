@@ -17,6 +17,7 @@ use runtime::tune::TuneTarget;
 use runtime::Backend;
 
 mod graph;
+mod graph_jaxlib;
 mod library;
 mod native_autograd;
 mod op_specs;
@@ -810,6 +811,7 @@ fn _tessera(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(launches::trace_launches, m)?)?;
     m.add_function(wrap_pyfunction!(launches::take_launches, m)?)?;
     graph::register(m)?;
+    graph_jaxlib::register(m)?;
     library::register(m)?;
     Ok(())
 }

@@ -22,3 +22,12 @@ def both_compilers(request, monkeypatch):
     """Runs a test on each compiler graph mode hands the substituted graph to."""
     monkeypatch.setenv("TESSERA_GRAPH_COMPILER", request.param)
     return request.param
+
+
+@pytest.fixture(params=["jaxlib", "plugin"])
+def xla_client(request, monkeypatch):
+    """Runs a test on the XLA path on each XLA client (jaxlib's in-process client, the
+    PJRT plugin); returns the client's cache directory under the cache dir."""
+    monkeypatch.setenv("TESSERA_GRAPH_COMPILER", "xla")
+    monkeypatch.setenv("TESSERA_XLA_CLIENT", request.param)
+    return {"jaxlib": "xla-jaxlib", "plugin": "xla"}[request.param]

@@ -86,11 +86,15 @@ def test_inductor_after_substitution_matches_eager_and_trains(monkeypatch):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_an_unknown_compiler_or_option_is_an_error():
+def test_an_unknown_compiler_option_or_xla_client_is_an_error(monkeypatch):
     for options, message in (({"compiler": "tvm"}, "compiler 'tvm'"), ({"fast": True}, "unknown options")):
         torch._dynamo.reset()
         with pytest.raises(Exception, match=message):
             torch.compile(torch.sin, backend="tessera", options=options)(torch.randn(3))
+    monkeypatch.setenv("TESSERA_XLA_CLIENT", "gpu")
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="TESSERA_XLA_CLIENT='gpu': expected 'jaxlib' or 'plugin'"):
+        torch.compile(torch.sin, backend="tessera", options={"compiler": "xla"})(torch.randn(3))
 
 
 class _Block(nn.Module):
@@ -332,7 +336,15 @@ def test_mingpt_trains_like_eager():
     assert stats["fallbacks"] == {}, stats
 
 
-def test_llama_gradients_match_eager():
+@pytest.fixture(params=["default", "xla-jaxlib", "xla-plugin"])
+def runtime(request, monkeypatch):
+    """The default compiler (Inductor), and the XLA path on each XLA client."""
+    if request.param != "default":
+        monkeypatch.setenv("TESSERA_GRAPH_COMPILER", "xla")
+        monkeypatch.setenv("TESSERA_XLA_CLIENT", request.param.split("-")[1])
+
+
+def test_llama_gradients_match_eager(runtime):
     model, (ids,) = build("llama")
     model.train()
     compiled(model)(ids).square().mean().backward()
@@ -341,6 +353,8 @@ def test_llama_gradients_match_eager():
     model(ids).square().mean().backward()
     for (name, p), g in zip(model.named_parameters(), ours):
         torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-6, msg=name)
+    stats = tessera.graph_stats()
+    assert stats["fallbacks"] == {} and stats["kernels"].get("flash_attention_bwd", 0) >= 1, stats
 
 
 def test_llama_prefill_and_decode_match_eager():
@@ -560,9 +574,10 @@ def test_recompiling_the_same_graph_hits_the_memory_cache(xla_path):
         compiled(model)(*inputs)
     stats = tessera.graph_stats()
     assert stats["graphs"] == 2 and stats["cache_hits"]["memory"] == first + 1, stats
+    assert stats["fallbacks"] == {}, stats
 
 
-def test_a_new_process_loads_the_executable_from_disk(tmp_path, xla_path):
+def test_a_new_process_loads_the_executable_from_disk(tmp_path, xla_client):
     script = (
         f"import sys, torch, tessera; sys.path.insert(0, {str(EXAMPLES)!r})\n"
         "from models import build\n"
@@ -598,9 +613,9 @@ def run_small_graphs(cache_dir):
     return r
 
 
-def test_corrupt_cache_entries_are_recompiled_with_a_warning(tmp_path, xla_path):
+def test_corrupt_cache_entries_are_recompiled_with_a_warning(tmp_path, xla_client):
     run_small_graphs(tmp_path)
-    entries = list((tmp_path / "xla").glob("*.bin"))
+    entries = list((tmp_path / xla_client).glob("*.bin"))
     assert len(entries) == 2, entries
     for e in entries:
         data = bytearray(e.read_bytes())
@@ -614,12 +629,59 @@ def test_corrupt_cache_entries_are_recompiled_with_a_warning(tmp_path, xla_path)
     assert "warning" not in r.stderr and r.stdout.startswith("{'memory': 0, 'disk': 2}"), (r.stdout, r.stderr)
 
 
-def test_an_unwritable_cache_dir_runs_from_memory_and_warns_once(tmp_path, xla_path):
+def test_an_unwritable_cache_dir_runs_from_memory_and_warns_once(tmp_path, xla_client):
     blocker = tmp_path / "a-file"
     blocker.write_text("a file where the cache directory should be")
     r = run_small_graphs(blocker / "cache")
     assert r.stderr.count("warning: tessera cache: could not store") == 1, r.stderr
     assert r.stdout.strip().startswith("{'memory': 0, 'disk': 0} {}"), r.stdout
+
+
+def test_jaxlibs_client_is_released_before_exit():
+    # A client alive when C++'s static destructors run can abort the process; the
+    # release must leave nothing holding it, and graphs still run (eagerly) after it.
+    from tessera.graph import jaxlib_xla
+
+    if jaxlib_xla.unavailable():
+        pytest.skip(jaxlib_xla.unavailable())
+    script = (
+        "import gc, warnings, weakref, torch, tessera\n"
+        "from tessera.graph import jaxlib_xla\n"
+        "f = torch.compile(lambda x: torch.softmax(x, -1) * 2, backend='tessera', options={'compiler': 'xla'})\n"
+        "x = torch.randn(4, 5)\n"
+        "torch.testing.assert_close(f(x), torch.softmax(x, -1) * 2)\n"
+        "client = weakref.ref(jaxlib_xla._client)\n"
+        "jaxlib_xla._release()\n"
+        "gc.collect()\n"
+        "print('client alive:', client() is not None)\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    torch.testing.assert_close(f(x), torch.softmax(x, -1) * 2)\n"
+        "print([str(w.message) for w in caught])\n"
+    )
+    env = {**os.environ, "TESSERA_XLA_CLIENT": "jaxlib"}
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "client alive: False" in r.stdout and "released at exit" in r.stdout, (r.stdout, r.stderr[-2000:])
+
+
+def test_a_failing_kernel_inside_jaxlibs_program_is_an_error_naming_it():
+    from tessera.graph import jaxlib_xla
+
+    if jaxlib_xla.unavailable():
+        pytest.skip(jaxlib_xla.unavailable())
+    call = '{api_version = 4 : i32, backend_config = {op = "no_such_op", params = ""}}'
+    text = (
+        "module {\n  func.func @main(%x: tensor<3x5xf32>) -> tensor<3x5xf32> {\n"
+        f"    %a = stablehlo.custom_call @tessera_op(%x) {call} : (tensor<3x5xf32>) -> tensor<3x5xf32>\n"
+        "    return %a : tensor<3x5xf32>\n  }\n}"
+    )
+    run, _, _ = jaxlib_xla.compile_module(text)
+    with pytest.raises(Exception, match="@tessera_op: .*no_such_op"):
+        run([torch.ones(3, 5)])
+    # The client still runs programs after the failure.
+    run, _, _ = jaxlib_xla.compile_module(text.replace("no_such_op", "softmax").replace('""', '"rows=3,cols=5"'))
+    torch.testing.assert_close(run([torch.ones(3, 5)])[0], torch.full((3, 5), 0.2))
 
 
 def unsupported(x):
@@ -691,7 +753,7 @@ def test_dump_and_debug_log(tmp_path, monkeypatch, capfd, xla_path):
     assert "Tessera kernels (flash_attention, rms_norm, swiglu)" in capfd.readouterr().err
 
 
-def test_int64_bool_empty_and_multiple_outputs_cross_the_boundary():
+def test_int64_bool_empty_and_multiple_outputs_cross_the_boundary(runtime):
     def f(ids, flags, x, empty):
         return ids * 2 + 1, flags & (x > 0), x.sum(0), empty + 1, empty.sum() + x.sum()
 
@@ -702,6 +764,7 @@ def test_int64_bool_empty_and_multiple_outputs_cross_the_boundary():
     for a, b in zip(got, f(*args)):
         assert a.dtype == b.dtype
         torch.testing.assert_close(a, b)
+    assert tessera.graph_stats()["fallbacks"] == {}, tessera.graph_stats()
 
 
 # ---- TPU export -------------------------------------------------------------------------

@@ -46,6 +46,17 @@ pub enum Source {
     Compiled,
 }
 
+impl Source {
+    /// `memory`, `disk` or `compiled`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Source::Memory => "memory",
+            Source::Disk => "disk",
+            Source::Compiled => "compiled",
+        }
+    }
+}
+
 /// Counters of this process's lookups.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stats {

@@ -59,6 +59,8 @@ variables! {
         "Python: `0` keeps the ops' autograd kernels (and user ops' CPU kernels) in Python.";
     GraphCompiler => "TESSERA_GRAPH_COMPILER", "inductor",
         "Python graph mode: the compiler after substitution, inductor or xla (`options={'compiler': ...}` wins).";
+    XlaClient => "TESSERA_XLA_CLIENT", "jaxlib",
+        "Python graph mode, XLA path: the XLA client, `jaxlib` (jaxlib's in-process CPU client, when jaxlib is installed; else the plugin) or `plugin` (the PJRT plugin).";
     GraphKernels => "TESSERA_GRAPH_KERNELS", "auto",
         "Python graph mode: the kernels substituted, `auto` (on the Inductor path, those that make the graph faster, measured once per graph and kept in the cache directory; on the XLA path, all), `all`, `none` or a list such as `flash_attention,rms_norm` (`options={'kernels': ...}` wins).";
     GraphShapes => "TESSERA_GRAPH_SHAPES", "8",

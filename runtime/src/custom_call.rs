@@ -208,7 +208,8 @@ unsafe extern "C" fn handle(frame: *mut ffi::XLA_FFI_CallFrame) -> *mut ffi::XLA
     }
 }
 
-/// The handler as the untyped pointer PJRT's FFI extension registers.
-pub(crate) fn handler_ptr() -> *mut c_void {
+/// The handler as an untyped pointer: what PJRT's FFI extension registers, and what
+/// jaxlib's `register_custom_call_target` takes (in a capsule) for its own CPU client.
+pub fn handler_ptr() -> *mut c_void {
     handle as *const () as *mut c_void
 }

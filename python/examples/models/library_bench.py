@@ -9,7 +9,7 @@ up, then called in turn for ``--runs`` rounds, each round in a rotated order (so
 a slow spell of the machine nor going first or last favours one). ``--train`` times
 one training step instead (the model in training mode: forward, the mean square of its
 first output, backward, gradients cleared). ``--xla`` adds
-the XLA path (``options={"compiler": "xla"}``),
+the XLA path (``options={"compiler": "xla"}``; ``TESSERA_XLA_CLIENT`` picks the client),
 timed against eager in a process of its own: XLA's CPU client slows whatever else runs
 in its process. Prints
 the kernels ``auto`` took (whether it measured or read its choice, and the graphs it

@@ -10,9 +10,10 @@ below, which TPU export shares.
 Dynamo -> kernel substitution (``patterns``: attention, norms, softmax, SwiGLU become
 ``torch.ops.tessera.*``) -> AOTAutograd (forward and backward graphs, core ATen) ->
 torch-mlir -> StableHLO with the Tessera ops as ``tessera_op`` custom calls (``lower``)
--> XLA through PJRT and the two-tier compilation cache -> a runner called with the
-tensors (inputs aliased where PJRT allows, outputs copied once into tensors allocated
-here).
+-> XLA through the two-tier compilation cache, on jaxlib's in-process CPU client
+(``jaxlib_xla``: tensors in and out by DLPack) or the PJRT plugin
+(``TESSERA_XLA_CLIENT=plugin``: inputs aliased where PJRT allows, outputs copied once
+into tensors allocated here) -> a runner called with the tensors.
 
 The backend never raises on a graph it cannot take: whatever fails (substitution,
 AOTAutograd, lowering, compiling, a run) makes the graph run eagerly with one warning
@@ -35,7 +36,7 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from .. import _tessera, config, library
 from ..trace import record_fallback
-from . import choose, decompositions, lower, onednn, patterns
+from . import choose, decompositions, jaxlib_xla, lower, onednn, patterns
 from .lower import LoweringError
 
 __all__ = ["GraphModeError", "explain_graph", "export", "graph_stats", "reset_graph_stats", "tessera_backend"]
@@ -124,9 +125,8 @@ class _Runner:
     ``None``, as backward graphs do for inputs without gradients). If a run fails, the
     graph runs eagerly from then on (with one warning naming the cause)."""
 
-    def __init__(self, exe, elements: list[str], outputs: list, constants: list[torch.Tensor], eager, name: str):
-        self.exe = exe
-        self.elements = elements  # element name of each input (arguments, then constants)
+    def __init__(self, run, outputs: list, constants: list[torch.Tensor], eager, name: str):
+        self.run = run  # contiguous input tensors (arguments, then constants) -> results
         self.outputs = outputs  # per graph output: (shape, dtype, element) or None
         self.constants = [c.contiguous() for c in constants]
         self.eager, self.name, self.failed = eager, name, False
@@ -134,18 +134,40 @@ class _Runner:
     def __call__(self, *args):
         if self.failed:
             return self.eager(list(args))
-        inputs = [a.contiguous() for a in args] + self.constants
-        results = [None if o is None else torch.empty(o[0], dtype=o[1]) for o in self.outputs]
         try:
-            self.exe.run(
-                [(t.data_ptr(), list(t.shape), e) for t, e in zip(inputs, self.elements)],
-                [(t.data_ptr(), list(t.shape), o[2]) for t, o in zip(results, self.outputs) if o is not None],
-            )
-        except (RuntimeError, ValueError) as e:
+            results = iter(self.run([a.contiguous() for a in args] + self.constants))
+        except Exception as e:  # noqa: BLE001 - a failed run (a kernel's error included) runs eagerly
             self.failed = True
             _fallback(self.name, f"running the compiled graph failed: {_cause(e)}")
             return self.eager(list(args))
+        return [None if o is None else next(results) for o in self.outputs]
+
+
+def _plugin_runner(exe, elements: list[str], outputs: list):
+    """``run(inputs) -> results`` on the PJRT plugin's executable ``exe``: the results
+    are allocated here and written by the program."""
+
+    def run(inputs: list) -> list:
+        results = [torch.empty(o[0], dtype=o[1]) for o in outputs if o is not None]
+        exe.run(
+            [(t.data_ptr(), list(t.shape), e) for t, e in zip(inputs, elements)],
+            [(t.data_ptr(), list(t.shape), o[2]) for t, o in zip(results, (o for o in outputs if o is not None))],
+        )
         return results
+
+    return run
+
+
+def _xla_compile(text: str, elements: list[str], outputs: list):
+    """``(run, client, source, ms)``: module ``text`` compiled (or loaded from the cache)
+    on jaxlib's in-process CPU client, or on the PJRT plugin (``TESSERA_XLA_CLIENT``)."""
+    if config.get("TESSERA_XLA_CLIENT", "jaxlib") == "jaxlib":
+        if not jaxlib_xla.unavailable():
+            run, source, ms = jaxlib_xla.compile_module(text)
+            return run, "jaxlib", source, ms
+        _debug(f"XLA on the plugin: {jaxlib_xla.unavailable()}")
+    exe, source, ms = _tessera.graph_compile(text)
+    return _plugin_runner(exe, elements, outputs), "plugin", source, ms
 
 
 def _prepare(gm: torch.fx.GraphModule):
@@ -209,7 +231,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs, *, name: str):
             elements, specs = _prepare(work)
             text, kernels = lower.to_stablehlo(work)
             t1 = time.perf_counter()
-            exe, source, compile_ms = _tessera.graph_compile(text)
+            run, client, source, compile_ms = _xla_compile(text, elements, specs)
     except LoweringError as e:
         _fallback(name, str(e))
         return eager
@@ -225,12 +247,12 @@ def _compile(gm: torch.fx.GraphModule, example_inputs, *, name: str):
     summary = (
         f"{name}: {ops} StableHLO ops, {len(kernels)} Tessera kernels "
         f"({', '.join(sorted(set(kernels))) or 'none'}), import {1e3 * (t1 - t0):.0f} ms, "
-        f"XLA {compile_ms:.0f} ms ({source})"
+        f"XLA ({client}) {compile_ms:.0f} ms ({source})"
     )
     _debug(summary)
     _dump(f"{name}.stablehlo.mlir", text)
     _dump(f"{name}.summary.txt", summary + "\n")
-    return make_boxed_func(_Runner(exe, elements, specs, constants, eager, name))
+    return make_boxed_func(_Runner(run, specs, constants, eager, name))
 
 
 # ---- the backend ----------------------------------------------------------------------
@@ -347,6 +369,9 @@ def _options(options) -> Options:
     name = options.get("compiler") or config.get("TESSERA_GRAPH_COMPILER", "inductor")
     if name not in COMPILERS:
         raise GraphModeError(f"compiler {name!r}: expected one of {', '.join(COMPILERS)}")
+    client = config.get("TESSERA_XLA_CLIENT", "jaxlib")
+    if name == "xla" and client not in ("jaxlib", "plugin"):
+        raise GraphModeError(f"TESSERA_XLA_CLIENT={client!r}: expected 'jaxlib' or 'plugin'")
     kernels = options.get("kernels", config.get("TESSERA_GRAPH_KERNELS", "auto"))
     if kernels == "auto":
         return Options(name, FAMILIES, auto=name == "inductor")
