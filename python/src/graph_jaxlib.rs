@@ -4,7 +4,7 @@
 //! corrupt entries dropped and recompiled, counters).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use pyo3::exceptions::PyRuntimeError;
@@ -64,11 +64,15 @@ impl Compiler for PyCompiler {
 /// [`jaxlib_release`] has let its executables go.
 static CACHE: Mutex<Option<Arc<Cache<PyCompiler>>>> = Mutex::new(None);
 
+/// [`CACHE`], locked (a poisoned lock still holds a usable cache).
+fn cache_slot() -> MutexGuard<'static, Option<Arc<Cache<PyCompiler>>>> {
+    CACHE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// The process's cache, created over `bridge` on first use. (The lock is never held
 /// while Python runs: another thread waiting for it would hold the GIL.)
 fn jaxlib_cache(bridge: &Bound<'_, PyAny>) -> PyResult<Arc<Cache<PyCompiler>>> {
-    let lock = || CACHE.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(c) = lock().as_ref() {
+    if let Some(c) = cache_slot().as_ref() {
         return Ok(c.clone());
     }
     let fingerprint: String = bridge.call_method0("fingerprint")?.extract()?;
@@ -78,7 +82,7 @@ fn jaxlib_cache(bridge: &Bound<'_, PyAny>) -> PyResult<Arc<Cache<PyCompiler>>> {
     };
     let dir = cache::default_dir().map(|d| d.join("xla-jaxlib"));
     let created = Arc::new(Cache::new(compiler, dir));
-    Ok(lock().get_or_insert(created).clone())
+    Ok(cache_slot().get_or_insert(created).clone())
 }
 
 /// Drops the cache and the executables it holds, so jaxlib's client can be destroyed
@@ -87,7 +91,7 @@ fn jaxlib_cache(bridge: &Bound<'_, PyAny>) -> PyResult<Arc<Cache<PyCompiler>>> {
 #[pyfunction]
 fn jaxlib_release(_attached: Python<'_>) {
     // Dropped while attached to the interpreter, so the executables are released now.
-    drop(CACHE.lock().unwrap_or_else(|p| p.into_inner()).take());
+    drop(cache_slot().take());
 }
 
 /// Compiles a StableHLO module on jaxlib's client through `bridge` (or loads it from

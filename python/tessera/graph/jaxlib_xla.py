@@ -27,6 +27,7 @@ from . import lower
 
 _client = None
 _unavailable = None
+_RELEASED = "jaxlib's client was released at exit"
 
 
 def unavailable() -> str:
@@ -59,7 +60,7 @@ class _Run:
 
     def __call__(self, inputs: list) -> list:
         if self.exe is None:
-            raise RuntimeError("jaxlib's client was released at exit")
+            raise RuntimeError(_RELEASED)
         arrays = [self.to_jax(t.detach().__dlpack__(), self.device, None, None) for t in inputs]
         results = self.exe.execute_sharded(arrays).disassemble_into_single_device_arrays()
         return [torch.from_dlpack(r[0]) for r in results]
@@ -75,7 +76,7 @@ def _release():
     global _client, _unavailable
     for run in list(_runs):
         run.exe = run.device = None
-    _client, _unavailable = None, "jaxlib's client was released at exit"
+    _client, _unavailable = None, _RELEASED
     _tessera.jaxlib_release()
     gc.collect()
 
